@@ -1,0 +1,174 @@
+#include "mpi_calls.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+
+namespace mpijax::mpi {
+namespace {
+
+std::atomic<int64_t> count_limit{INT_MAX};
+
+// Calls `call(src, dst, n)` on consecutive chunks of at most CountLimit()
+// elements, at least once so that zero-size reductions still take part.
+// in == out (and non-empty) means in place.
+template <class Call>
+int Chunked(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, Call call) {
+  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
+  if (op == MPI_OP_NULL) return MPI_ERR_OP;
+  MPI_Aint lb, extent;
+  if (int rc = MPI_Type_get_extent(type, &lb, &extent)) return rc;
+  const bool in_place = in == out && count > 0;
+  const int64_t limit = CountLimit();
+  int64_t done = 0;
+  do {
+    const int n = static_cast<int>(std::min(limit, count - done));
+    const void* src = in_place ? MPI_IN_PLACE : static_cast<const char*>(in) + done * extent;
+    void* dst = out ? static_cast<char*>(out) + done * extent : nullptr;
+    if (int rc = call(src, dst, n)) return rc;
+    done += n;
+  } while (done < count);
+  return MPI_SUCCESS;
+}
+
+}  // namespace
+
+int64_t CountLimit() { return count_limit.load(std::memory_order_relaxed); }
+
+void SetCountLimit(int64_t limit) {
+  count_limit.store(std::clamp<int64_t>(limit, 1, INT_MAX), std::memory_order_relaxed);
+}
+
+Block::Block(int64_t count, MPI_Datatype element) {
+  if (element == MPI_DATATYPE_NULL) {
+    error_ = MPI_ERR_TYPE;
+    return;
+  }
+  const int64_t limit = CountLimit();
+  if (count <= limit) {
+    count_ = static_cast<int>(count);
+    type_ = element;
+    return;
+  }
+  // count = chunks * limit + rest, laid out as struct {chunks x [limit], [rest]},
+  // resized so that consecutive blocks (gather, alltoall) sit count elements apart.
+  const int64_t chunks = count / limit;
+  const int64_t rest = count % limit;
+  if (chunks > INT_MAX) {
+    error_ = MPI_ERR_COUNT;
+    return;
+  }
+  MPI_Aint lb, extent;
+  MPI_Datatype chunk = MPI_DATATYPE_NULL, body = MPI_DATATYPE_NULL, tail = MPI_DATATYPE_NULL;
+  MPI_Datatype whole = MPI_DATATYPE_NULL;
+  int rc = MPI_Type_get_extent(element, &lb, &extent);
+  if (!rc) rc = MPI_Type_contiguous(static_cast<int>(limit), element, &chunk);
+  if (!rc) rc = MPI_Type_contiguous(static_cast<int>(chunks), chunk, &body);
+  if (!rc) rc = MPI_Type_contiguous(static_cast<int>(rest), element, &tail);
+  if (!rc) {
+    int lengths[2] = {1, 1};
+    MPI_Aint displacements[2] = {0, static_cast<MPI_Aint>(chunks * limit * extent)};
+    MPI_Datatype types[2] = {body, tail};
+    rc = MPI_Type_create_struct(2, lengths, displacements, types, &whole);
+  }
+  if (!rc) rc = MPI_Type_create_resized(whole, 0, static_cast<MPI_Aint>(count * extent), &type_);
+  if (!rc) rc = MPI_Type_commit(&type_);
+  for (MPI_Datatype* t : {&chunk, &body, &tail, &whole}) {
+    if (*t != MPI_DATATYPE_NULL) MPI_Type_free(t);
+  }
+  error_ = rc;
+  owned_ = type_ != MPI_DATATYPE_NULL;
+  count_ = 1;
+}
+
+Block::~Block() {
+  if (owned_) MPI_Type_free(&type_);
+}
+
+int Send(const void* buf, int64_t count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Send(buf, b.count(), b.type(), dest, tag, comm);
+}
+
+int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+         MPI_Status* status) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Recv(buf, b.count(), b.type(), source, tag, comm, status);
+}
+
+int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int dest, int send_tag,
+             void* recv, int64_t recv_count, MPI_Datatype recv_type, int source, int recv_tag,
+             MPI_Comm comm, MPI_Status* status) {
+  Block s(send_count, send_type), r(recv_count, recv_type);
+  if (s.error()) return s.error();
+  if (r.error()) return r.error();
+  // Open MPI 4.1 silently truncates a message to self that overruns the
+  // receive posted for it (and corrupts memory when it is large); both sizes
+  // are known here, so report the truncation instead of sending.
+  int rank, send_size, recv_size;
+  if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
+  if (dest == rank && source == rank) {
+    if (int rc = MPI_Type_size(send_type, &send_size)) return rc;
+    if (int rc = MPI_Type_size(recv_type, &recv_size)) return rc;
+    if (send_count * send_size > recv_count * recv_size) return MPI_ERR_TRUNCATE;
+  }
+  return MPI_Sendrecv(send, s.count(), s.type(), dest, send_tag, recv, r.count(), r.type(), source,
+                      recv_tag, comm, status);
+}
+
+int Bcast(void* buf, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Bcast(buf, b.count(), b.type(), root, comm);
+}
+
+int Gather(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Gather(in, b.count(), b.type(), out, b.count(), b.type(), root, comm);
+}
+
+int Scatter(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Scatter(in, b.count(), b.type(), out, b.count(), b.type(), root, comm);
+}
+
+int Allgather(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Allgather(in, b.count(), b.type(), out, b.count(), b.type(), comm);
+}
+
+int Alltoall(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm) {
+  Block b(count, type);
+  if (b.error()) return b.error();
+  return MPI_Alltoall(in, b.count(), b.type(), out, b.count(), b.type(), comm);
+}
+
+int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
+              MPI_Comm comm) {
+  return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {
+    return MPI_Allreduce(src, dst, n, type, op, comm);
+  });
+}
+
+int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, int root,
+           MPI_Comm comm) {
+  int rank;
+  if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
+  return Chunked(in, rank == root ? out : nullptr, count, type, op,
+                 [&](const void* src, void* dst, int n) {
+                   return MPI_Reduce(src, dst, n, type, op, root, comm);
+                 });
+}
+
+int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {
+    return MPI_Scan(src, dst, n, type, op, comm);
+  });
+}
+
+}  // namespace mpijax::mpi

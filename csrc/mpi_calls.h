@@ -1,0 +1,60 @@
+// MPI calls that take 64-bit element counts. Classic MPI takes `int` counts,
+// and Open MPI 4 has no MPI-4 `_c` calls, so counts above the limit are
+// described by a derived datatype (data movement) or split into chunks
+// (reductions, whose predefined ops only apply to predefined types).
+// Every function returns an MPI error code: MPI_ERR_TYPE for MPI_DATATYPE_NULL
+// and MPI_ERR_OP for MPI_OP_NULL, which callers pass for what they cannot map.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+namespace mpijax::mpi {
+
+// The largest count passed to one MPI call: INT_MAX, or lower in tests so
+// that the large-count paths run on small arrays.
+int64_t CountLimit();
+void SetCountLimit(int64_t limit);
+
+// `count` elements of `element` as one (int count, datatype) pair.
+class Block {
+ public:
+  Block(int64_t count, MPI_Datatype element);
+  ~Block();
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+
+  int error() const { return error_; }
+  int count() const { return count_; }
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  int count_ = 0;
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  bool owned_ = false;
+  int error_ = MPI_SUCCESS;
+};
+
+int Send(const void* buf, int64_t count, MPI_Datatype type, int dest, int tag, MPI_Comm comm);
+int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
+         MPI_Status* status);
+int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int dest, int send_tag,
+             void* recv, int64_t recv_count, MPI_Datatype recv_type, int source, int recv_tag,
+             MPI_Comm comm, MPI_Status* status);
+
+// `count` is the per-rank block for the rooted and all-to-all collectives.
+int Bcast(void* buf, int64_t count, MPI_Datatype type, int root, MPI_Comm comm);
+int Gather(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm);
+int Scatter(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm);
+int Allgather(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm);
+int Alltoall(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm);
+
+// in == out reduces in place. `out` is ignored off the root for Reduce.
+int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
+              MPI_Comm comm);
+int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, int root,
+           MPI_Comm comm);
+int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, MPI_Comm comm);
+
+}  // namespace mpijax::mpi

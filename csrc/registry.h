@@ -1,0 +1,19 @@
+// Compiled programs name a communicator by a small id, never by a raw handle:
+// ids are stable for the life of the process and an unknown id is an error
+// rather than a dangling pointer.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+
+namespace mpijax {
+
+// Returns the id of `comm`, registering it on first sight. Throws
+// std::invalid_argument for MPI_COMM_NULL.
+int64_t RegisterComm(MPI_Comm comm);
+
+// False when `id` was never registered.
+bool LookupComm(int64_t id, MPI_Comm* comm);
+
+}  // namespace mpijax

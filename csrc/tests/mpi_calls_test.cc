@@ -1,0 +1,165 @@
+// The large-count paths, run on small arrays by lowering the per-call limit.
+#include "mpi_calls.h"
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <climits>
+#include <numeric>
+#include <vector>
+
+namespace mpijax::mpi {
+namespace {
+
+class MpiCalls : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    SetCountLimit(3);
+  }
+  void TearDown() override { SetCountLimit(INT_MAX); }
+
+  // Distinct values per rank and position.
+  std::vector<int> Data(int rank, int64_t n) const {
+    std::vector<int> v(n);
+    std::iota(v.begin(), v.end(), 1000 * rank);
+    return v;
+  }
+
+  int rank_ = 0, size_ = 1;
+};
+
+TEST_P(MpiCalls, Collectives) {
+  const int64_t n = GetParam();
+  const int root = size_ - 1;
+  const auto mine = Data(rank_, n);
+  std::vector<int> all, stacked;
+  for (int r = 0; r < size_; ++r) {
+    const auto d = Data(r, n);
+    stacked.insert(stacked.end(), d.begin(), d.end());
+  }
+
+  std::vector<int> out(n * size_, -1);
+  ASSERT_EQ(Allgather(mine.data(), out.data(), n, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
+  EXPECT_EQ(out, stacked);
+
+  out.assign(n * size_, -1);
+  ASSERT_EQ(Gather(mine.data(), out.data(), n, MPI_INT, root, MPI_COMM_WORLD), MPI_SUCCESS);
+  if (rank_ == root) EXPECT_EQ(out, stacked);
+
+  std::vector<int> block(n, -1);
+  ASSERT_EQ(Scatter(stacked.data(), block.data(), n, MPI_INT, root, MPI_COMM_WORLD), MPI_SUCCESS);
+  EXPECT_EQ(block, Data(rank_, n));
+
+  block = rank_ == root ? mine : std::vector<int>(n, -1);
+  ASSERT_EQ(Bcast(block.data(), n, MPI_INT, root, MPI_COMM_WORLD), MPI_SUCCESS);
+  EXPECT_EQ(block, Data(root, n));
+
+  // alltoall: block j of rank r holds Data(r, n)[.] + j; rank i gets blocks i of all.
+  std::vector<int> send, want;
+  for (int j = 0; j < size_; ++j) {
+    for (int v : mine) send.push_back(v + j);
+  }
+  for (int r = 0; r < size_; ++r) {
+    for (int v : Data(r, n)) want.push_back(v + rank_);
+  }
+  out.assign(n * size_, -1);
+  ASSERT_EQ(Alltoall(send.data(), out.data(), n, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
+  EXPECT_EQ(out, want);
+}
+
+TEST_P(MpiCalls, Reductions) {
+  const int64_t n = GetParam();
+  const int root = 0;
+  std::vector<int> sum(n, 0), prefix(n, 0);
+  for (int r = 0; r < size_; ++r) {
+    const auto d = Data(r, n);
+    for (int64_t i = 0; i < n; ++i) {
+      sum[i] += d[i];
+      if (r <= rank_) prefix[i] += d[i];
+    }
+  }
+  std::vector<int> out(n, -1);
+  ASSERT_EQ(Allreduce(Data(rank_, n).data(), out.data(), n, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  EXPECT_EQ(out, sum);
+
+  auto in_place = Data(rank_, n);
+  ASSERT_EQ(Allreduce(in_place.data(), in_place.data(), n, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  EXPECT_EQ(in_place, sum);
+
+  in_place = Data(rank_, n);
+  ASSERT_EQ(Scan(in_place.data(), in_place.data(), n, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  EXPECT_EQ(in_place, prefix);
+
+  in_place = Data(rank_, n);
+  ASSERT_EQ(Reduce(in_place.data(), rank_ == root ? in_place.data() : nullptr, n, MPI_INT,
+                   MPI_SUM, root, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  EXPECT_EQ(in_place, rank_ == root ? sum : Data(rank_, n));
+}
+
+TEST_P(MpiCalls, SendrecvRing) {
+  const int64_t n = GetParam();
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  std::vector<int> out(n + 2, -1);
+  MPI_Status status;
+  ASSERT_EQ(Sendrecv(Data(rank_, n).data(), n, MPI_INT, next, 5, out.data(), n + 2, MPI_INT,
+                     prev, 5, MPI_COMM_WORLD, &status),
+            MPI_SUCCESS);
+  out.resize(n);
+  EXPECT_EQ(out, Data(prev, n));
+  int bytes;
+  MPI_Get_count(&status, MPI_BYTE, &bytes);
+  EXPECT_EQ(bytes, n * static_cast<int>(sizeof(int)));
+  EXPECT_EQ(status.MPI_SOURCE, prev);
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, MpiCalls, ::testing::Values(0, 2, 3, 6, 10));
+
+TEST(Block, DescribesLargeCountsWithOneDerivedType) {
+  SetCountLimit(4);
+  {
+    Block small(4, MPI_DOUBLE);
+    EXPECT_EQ(small.count(), 4);
+    EXPECT_EQ(small.type(), MPI_DOUBLE);
+    Block large(11, MPI_DOUBLE);
+    ASSERT_EQ(large.error(), MPI_SUCCESS);
+    EXPECT_EQ(large.count(), 1);
+    int size;
+    MPI_Aint lb, extent;
+    MPI_Type_size(large.type(), &size);
+    MPI_Type_get_extent(large.type(), &lb, &extent);
+    EXPECT_EQ(size, 11 * 8);
+    EXPECT_EQ(extent, 11 * 8);
+    EXPECT_EQ(lb, 0);
+    Block exact(8, MPI_DOUBLE);  // a multiple of the limit: empty tail
+    MPI_Type_size(exact.type(), &size);
+    EXPECT_EQ(size, 8 * 8);
+  }
+  SetCountLimit(INT_MAX);
+  EXPECT_EQ(CountLimit(), INT_MAX);
+}
+
+TEST(Errors, NullTypeAndOpAreReportedNotPassedOn) {
+  int x = 1, y = 0;
+  EXPECT_EQ(Allreduce(&x, &y, 1, MPI_DATATYPE_NULL, MPI_SUM, MPI_COMM_WORLD), MPI_ERR_TYPE);
+  EXPECT_EQ(Allreduce(&x, &y, 1, MPI_INT, MPI_OP_NULL, MPI_COMM_WORLD), MPI_ERR_OP);
+  EXPECT_EQ(Bcast(&x, 1, MPI_DATATYPE_NULL, 0, MPI_COMM_WORLD), MPI_ERR_TYPE);
+}
+
+TEST(Errors, OverrunningSelfMessageIsTruncationNotSilence) {
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<double> send(8, 1.0), recv(4, 0.0);
+  EXPECT_EQ(Sendrecv(send.data(), 8, MPI_DOUBLE, rank, 0, recv.data(), 4, MPI_DOUBLE, rank, 0,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+            MPI_ERR_TRUNCATE);
+  EXPECT_EQ(recv, std::vector<double>(4, 0.0));
+}
+
+}  // namespace
+}  // namespace mpijax::mpi
