@@ -1,0 +1,297 @@
+// Each handler reads its buffers and attributes, and hands one large-count-safe
+// MPI call (mpi_calls.h) to Run, which resolves the communicator, logs, and
+// turns MPI error codes into ffi::Error. Operands and results carry the
+// ordering token last; the handlers ignore it.
+#include "handlers.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "log.h"
+#include "mpi_calls.h"
+#include "reductions.h"
+#include "registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace mpijax {
+namespace {
+
+struct Element {
+  MPI_Datatype type;
+  const char* name;
+};
+
+Element ElementOf(ffi::DataType t) {
+  switch (t) {
+    case ffi::PRED: return {MPI_C_BOOL, "bool"};
+    case ffi::S8: return {MPI_INT8_T, "int8"};
+    case ffi::S16: return {MPI_INT16_T, "int16"};
+    case ffi::S32: return {MPI_INT32_T, "int32"};
+    case ffi::S64: return {MPI_INT64_T, "int64"};
+    case ffi::U8: return {MPI_UINT8_T, "uint8"};
+    case ffi::U16: return {MPI_UINT16_T, "uint16"};
+    case ffi::U32: return {MPI_UINT32_T, "uint32"};
+    case ffi::U64: return {MPI_UINT64_T, "uint64"};
+    // No MPI type exists for 16-bit floats: they travel as 2-byte words and
+    // reduce in user ops (OpOf).
+    case ffi::F16: return {MPI_UINT16_T, "float16"};
+    case ffi::BF16: return {MPI_UINT16_T, "bfloat16"};
+    case ffi::F32: return {MPI_FLOAT, "float32"};
+    case ffi::F64: return {MPI_DOUBLE, "float64"};
+    case ffi::C64: return {MPI_C_FLOAT_COMPLEX, "complex64"};
+    case ffi::C128: return {MPI_C_DOUBLE_COMPLEX, "complex128"};
+    default: return {MPI_DATATYPE_NULL, "unsupported"};
+  }
+}
+
+MPI_Datatype TypeOf(const ffi::AnyBuffer& x) { return ElementOf(x.element_type()).type; }
+
+MPI_Op OpOf(int64_t code, const ffi::AnyBuffer& x) {
+  if (code < 0 || code >= kNumReductions) return MPI_OP_NULL;
+  const auto r = static_cast<Reduction>(code);
+  switch (x.element_type()) {
+    case ffi::F16: return CustomOp(r, CustomElement::kHalf);
+    case ffi::BF16: return CustomOp(r, CustomElement::kBfloat16);
+    case ffi::S8:
+    case ffi::U8:
+      if (r == Reduction::kSum) return CustomOp(r, CustomElement::kWord8);
+      return PredefinedOp(r);
+    case ffi::S16:
+    case ffi::U16:
+      if (r == Reduction::kSum) return CustomOp(r, CustomElement::kWord16);
+      return PredefinedOp(r);
+    default: return PredefinedOp(r);
+  }
+}
+
+CallInfo Describe(const char* op, const ffi::AnyBuffer& x) {
+  return {op, static_cast<int64_t>(x.element_count()), ElementOf(x.element_type()).name,
+          static_cast<int64_t>(x.size_bytes())};
+}
+
+struct Comm {
+  MPI_Comm handle;
+  int rank;
+  int size;
+};
+
+ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  return ffi::Error::Internal("mpijax." + std::string(call.op) + " failed on rank " +
+                              std::to_string(comm.rank) + " of " + std::to_string(comm.size) +
+                              ": " + std::string(text, length) + " (MPI error code " +
+                              std::to_string(code) + ")");
+}
+
+// `call(comm)` makes the MPI call and returns its error code.
+template <class Call>
+ffi::Error Run(const CallInfo& info, int64_t comm_id, Call&& call) {
+  Comm comm{};
+  if (!LookupComm(comm_id, &comm.handle)) {
+    return ffi::Error::InvalidArgument("mpijax." + std::string(info.op) +
+                                       ": unknown communicator id " + std::to_string(comm_id));
+  }
+  MPI_Comm_rank(comm.handle, &comm.rank);
+  MPI_Comm_size(comm.handle, &comm.size);
+  const auto start = std::chrono::steady_clock::now();
+  const int code = call(comm);
+  if (LogEnabled()) {
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    LogCall(info, comm.rank, elapsed.count(), code);
+  }
+  return code == MPI_SUCCESS ? ffi::Error::Success() : Failure(info, comm, code);
+}
+
+// A receive leaves unspecified what a shorter message did not fill (or all of
+// the buffer for MPI_PROC_NULL); zero it so results are deterministic, and
+// copy the status out when Python asked for it.
+void FinishReceive(const MPI_Status& status, ffi::AnyBuffer& out, int64_t status_address) {
+  int received = 0;
+  if (MPI_Get_count(&status, MPI_BYTE, &received) == MPI_SUCCESS && received >= 0 &&
+      static_cast<size_t>(received) < out.size_bytes()) {
+    std::memset(static_cast<char*>(out.untyped_data()) + received, 0,
+                out.size_bytes() - static_cast<size_t>(received));
+  }
+  if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
+}
+
+using Out = ffi::Result<ffi::AnyBuffer>;
+using TokenOut = ffi::Result<ffi::Token>;
+
+ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op) {
+  return Run(Describe("allreduce", x), comm, [&](const Comm& c) {
+    return mpi::Allreduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
+                          OpOf(op, x), c.handle);
+  });
+}
+
+ffi::Error Reduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op,
+                  int64_t root) {
+  CallInfo info = Describe("reduce", x);
+  info.root = static_cast<int>(root);
+  return Run(info, comm, [&](const Comm& c) {
+    return mpi::Reduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
+                       OpOf(op, x), info.root, c.handle);
+  });
+}
+
+ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op) {
+  return Run(Describe("scan", x), comm, [&](const Comm& c) {
+    return mpi::Scan(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
+                     OpOf(op, x), c.handle);
+  });
+}
+
+// The root sends from x (and returns x from Python); the others receive into y.
+ffi::Error Bcast(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root) {
+  CallInfo info = Describe("bcast", x);
+  info.root = static_cast<int>(root);
+  return Run(info, comm, [&](const Comm& c) {
+    void* buf = c.rank == info.root ? x.untyped_data() : y->untyped_data();
+    return mpi::Bcast(buf, x.element_count(), TypeOf(x), info.root, c.handle);
+  });
+}
+
+ffi::Error Gather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root) {
+  CallInfo info = Describe("gather", x);
+  info.root = static_cast<int>(root);
+  return Run(info, comm, [&](const Comm& c) {
+    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
+                       info.root, c.handle);
+  });
+}
+
+ffi::Error Scatter(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root) {
+  CallInfo info = Describe("scatter", *y);
+  info.root = static_cast<int>(root);
+  return Run(info, comm, [&](const Comm& c) {
+    return mpi::Scatter(x.untyped_data(), y->untyped_data(), y->element_count(), TypeOf(x),
+                        info.root, c.handle);
+  });
+}
+
+ffi::Error Allgather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
+  return Run(Describe("allgather", x), comm, [&](const Comm& c) {
+    return mpi::Allgather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
+                          c.handle);
+  });
+}
+
+ffi::Error Alltoall(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
+  return Run(Describe("alltoall", x), comm, [&](const Comm& c) {
+    return mpi::Alltoall(x.untyped_data(), y->untyped_data(), x.element_count() / c.size,
+                         TypeOf(x), c.handle);
+  });
+}
+
+ffi::Error Barrier(ffi::Token, TokenOut, int64_t comm) {
+  return Run({"barrier"}, comm, [&](const Comm& c) { return MPI_Barrier(c.handle); });
+}
+
+ffi::Error Send(ffi::AnyBuffer x, ffi::Token, TokenOut, int64_t comm, int64_t dest, int64_t tag) {
+  CallInfo info = Describe("send", x);
+  info.dest = static_cast<int>(dest);
+  info.send_tag = static_cast<int>(tag);
+  return Run(info, comm, [&](const Comm& c) {
+    return mpi::Send(x.untyped_data(), x.element_count(), TypeOf(x), info.dest, info.send_tag,
+                     c.handle);
+  });
+}
+
+ffi::Error Recv(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t source,
+                int64_t tag, int64_t status) {
+  CallInfo info = Describe("recv", x);
+  info.source = static_cast<int>(source);
+  info.recv_tag = static_cast<int>(tag);
+  return Run(info, comm, [&](const Comm& c) {
+    MPI_Status st;
+    const int code = mpi::Recv(y->untyped_data(), y->element_count(), TypeOf(x), info.source,
+                               info.recv_tag, c.handle, &st);
+    if (code == MPI_SUCCESS) FinishReceive(st, *y, status);
+    return code;
+  });
+}
+
+ffi::Error Sendrecv(ffi::AnyBuffer send, ffi::AnyBuffer recv, ffi::Token, Out y, TokenOut,
+                    int64_t comm, int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag,
+                    int64_t status) {
+  CallInfo info = Describe("sendrecv", send);
+  info.source = static_cast<int>(source);
+  info.dest = static_cast<int>(dest);
+  info.send_tag = static_cast<int>(sendtag);
+  info.recv_tag = static_cast<int>(recvtag);
+  return Run(info, comm, [&](const Comm& c) {
+    MPI_Status st;
+    const int code = mpi::Sendrecv(send.untyped_data(), send.element_count(), TypeOf(send),
+                                   info.dest, info.send_tag, y->untyped_data(),
+                                   y->element_count(), TypeOf(recv), info.source, info.recv_tag,
+                                   c.handle, &st);
+    if (code == MPI_SUCCESS) FinishReceive(st, *y, status);
+    return code;
+  });
+}
+
+// Binding prefixes: (x, token) -> (y, token) and (x, token) -> token, attributes after.
+auto Unary() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()
+      .Arg<ffi::Token>()
+      .Ret<ffi::AnyBuffer>()
+      .Ret<ffi::Token>()
+      .Attr<int64_t>("comm");
+}
+
+XLA_FFI_DEFINE_HANDLER(kAllreduce, Allreduce, Unary().Attr<int64_t>("op"));
+XLA_FFI_DEFINE_HANDLER(kReduce, Reduce, Unary().Attr<int64_t>("op").Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER(kScan, Scan, Unary().Attr<int64_t>("op"));
+XLA_FFI_DEFINE_HANDLER(kBcast, Bcast, Unary().Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER(kGather, Gather, Unary().Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER(kScatter, Scatter, Unary().Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER(kAllgather, Allgather, Unary());
+XLA_FFI_DEFINE_HANDLER(kAlltoall, Alltoall, Unary());
+XLA_FFI_DEFINE_HANDLER(kBarrier, Barrier,
+                       ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>().Attr<int64_t>("comm"));
+XLA_FFI_DEFINE_HANDLER(kSend, Send,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Token>()
+                           .Ret<ffi::Token>()
+                           .Attr<int64_t>("comm")
+                           .Attr<int64_t>("dest")
+                           .Attr<int64_t>("tag"));
+XLA_FFI_DEFINE_HANDLER(kRecv, Recv,
+                       Unary().Attr<int64_t>("source").Attr<int64_t>("tag").Attr<int64_t>(
+                           "status"));
+XLA_FFI_DEFINE_HANDLER(kSendrecv, Sendrecv,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::Token>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::Token>()
+                           .Attr<int64_t>("comm")
+                           .Attr<int64_t>("source")
+                           .Attr<int64_t>("dest")
+                           .Attr<int64_t>("sendtag")
+                           .Attr<int64_t>("recvtag")
+                           .Attr<int64_t>("status"));
+
+}  // namespace
+
+std::vector<std::pair<const char*, XLA_FFI_Handler*>> CpuHandlers() {
+  return {{"mpijax_allreduce", kAllreduce}, {"mpijax_reduce", kReduce},
+          {"mpijax_scan", kScan},           {"mpijax_bcast", kBcast},
+          {"mpijax_gather", kGather},       {"mpijax_scatter", kScatter},
+          {"mpijax_allgather", kAllgather}, {"mpijax_alltoall", kAlltoall},
+          {"mpijax_barrier", kBarrier},     {"mpijax_send", kSend},
+          {"mpijax_recv", kRecv},           {"mpijax_sendrecv", kSendrecv}};
+}
+
+}  // namespace mpijax

@@ -1,0 +1,96 @@
+// The Python extension mpijax._core: FFI handler capsules, the communicator
+// registry, and what Python needs to know about the linked MPI library.
+#include <dlfcn.h>
+#include <mpi.h>
+#include <mpi4py/mpi4py.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+
+#include "handlers.h"
+#include "log.h"
+#include "mpi_calls.h"
+#include "reductions.h"
+#include "registry.h"
+
+namespace nb = nanobind;
+
+namespace mpijax {
+namespace {
+
+std::string RealPathOf(const void* symbol) {
+  Dl_info info;
+  if (!dladdr(symbol, &info) || !info.dli_fname) return "";
+  char* resolved = realpath(info.dli_fname, nullptr);
+  if (!resolved) return info.dli_fname;
+  std::string path(resolved);
+  std::free(resolved);
+  return path;
+}
+
+// The file that provides MPI_Init to the already loaded shared object `module`
+// (itself or one of its dependencies); "" if that cannot be determined.
+std::string MpiLibraryOf(const std::string& module) {
+  void* handle = dlopen(module.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle) return "";
+  void* symbol = dlsym(handle, "MPI_Init");
+  dlclose(handle);
+  return symbol ? RealPathOf(symbol) : "";
+}
+
+std::string LibraryVersion() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  return std::string(version, length);
+}
+
+}  // namespace
+}  // namespace mpijax
+
+NB_MODULE(_core, m) {
+  using namespace mpijax;
+  if (import_mpi4py() < 0) throw nb::python_error();
+
+  m.def("ffi_targets", [] {
+    nb::dict targets;
+    for (const auto& [name, handler] : CpuHandlers()) {
+      targets[name] = nb::capsule(reinterpret_cast<void*>(handler));
+    }
+    return targets;
+  });
+
+  m.def(
+      "register_comm",
+      [](nb::handle comm) {
+        MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
+        if (!handle) throw nb::python_error();
+        return RegisterComm(*handle);
+      },
+      "Id of an mpi4py communicator in the handlers' registry.");
+
+  m.def("reductions", [] {
+    nb::dict codes;
+    for (int i = 0; i < kNumReductions; ++i) codes[ReductionName(static_cast<Reduction>(i))] = i;
+    return codes;
+  });
+
+  m.def("mpi_library", [] {
+    return std::make_pair(RealPathOf(reinterpret_cast<void*>(&MPI_Init)), LibraryVersion());
+  });
+  m.def("mpi_library_of", &MpiLibraryOf);
+  m.def("mpi_initialized", [] {
+    int flag = 0;
+    MPI_Initialized(&flag);
+    return flag != 0;
+  });
+
+  m.def("set_logging", &SetLogEnabled);
+  m.def("logging", &LogEnabled);
+  m.def("set_count_limit", &mpi::SetCountLimit);
+  m.def("count_limit", &mpi::CountLimit);
+}
