@@ -1,0 +1,24 @@
+"""MPI for JAX: MPI operations inside jax.jit, in program order."""
+
+from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
+from ._src.ops.point_to_point import recv, send, sendrecv
+from ._src.ops.reductions import allreduce, reduce, scan
+from ._src.runtime import has_cuda_support
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "barrier",
+    "bcast",
+    "gather",
+    "has_cuda_support",
+    "recv",
+    "reduce",
+    "scan",
+    "scatter",
+    "send",
+    "sendrecv",
+]

@@ -1,0 +1,71 @@
+"""send, recv, sendrecv: messages between two ranks."""
+
+from mpi4py import MPI
+
+from .. import comm as _comm
+from .. import dtypes, validation
+from ..primitive import mpi_primitive
+
+send_p = mpi_primitive("send", lambda x, **p: [])
+recv_p = mpi_primitive("recv", lambda x, **p: [x])
+sendrecv_p = mpi_primitive("sendrecv", lambda sendbuf, recvbuf, **p: [recvbuf])
+
+# Compiled programs write into these Status objects by address: keep them alive.
+_statuses = {}
+
+
+def _status_address(status, op):
+    if status is None:
+        return 0
+    if not isinstance(status, MPI.Status):
+        raise TypeError(f"mpijax.{op}: status must be an mpi4py.MPI.Status or None, got {type(status).__name__}")
+    address = MPI._addressof(status)
+    _statuses[address] = status
+    return address
+
+
+def _source(source, comm, op):
+    return validation.rank(source, "source", comm, op, allow=(MPI.ANY_SOURCE, MPI.PROC_NULL))
+
+
+def _dest(dest, comm, op):
+    return validation.rank(dest, "dest", comm, op, allow=(MPI.PROC_NULL,))
+
+
+def send(x, dest, *, tag=0, comm=None):
+    """Send `x` to rank `dest`."""
+    comm = _comm.resolve(comm, "send")
+    x = dtypes.array(x, "send")
+    send_p.bind(x, comm=comm.id, dest=_dest(dest, comm, "send"), tag=validation.tag(tag, "tag", "send"))
+
+
+def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None):
+    """Receive an array shaped like `x` (whose values are not used) from
+    `source`. Elements a shorter message does not fill are zero. `status`, an
+    MPI.Status, is filled in when the call has run."""
+    comm = _comm.resolve(comm, "recv")
+    x = dtypes.array(x, "recv")
+    params = dict(
+        comm=comm.id,
+        source=_source(source, comm, "recv"),
+        tag=validation.tag(tag, "tag", "recv", allow_any=True),
+        status=_status_address(status, "recv"),
+    )
+    return recv_p.bind(x, **params)[0]
+
+
+def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None):
+    """Send `sendbuf` to `dest` and receive an array shaped like `recvbuf`
+    from `source` in one deadlock-free step."""
+    comm = _comm.resolve(comm, "sendrecv")
+    sendbuf = dtypes.array(sendbuf, "sendrecv", "sendbuf")
+    recvbuf = dtypes.array(recvbuf, "sendrecv", "recvbuf")
+    params = dict(
+        comm=comm.id,
+        source=_source(source, comm, "sendrecv"),
+        dest=_dest(dest, comm, "sendrecv"),
+        sendtag=validation.tag(sendtag, "sendtag", "sendrecv"),
+        recvtag=validation.tag(recvtag, "recvtag", "sendrecv", allow_any=True),
+        status=_status_address(status, "sendrecv"),
+    )
+    return sendrecv_p.bind(sendbuf, recvbuf, **params)[0]

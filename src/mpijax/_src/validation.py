@@ -1,0 +1,49 @@
+"""Trace-time checks of the arguments every rank knows, so that a bad call
+raises everywhere instead of leaving the other ranks waiting."""
+
+import operator
+
+import jax
+import numpy as np
+from mpi4py import MPI
+
+
+def static_int(value, name, op):
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(
+            f"mpijax.{op}: {name} must be a static Python int known at trace time, "
+            f"got a traced value {value}; compute it outside jax.jit or mark it static"
+        )
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"mpijax.{op}: {name} must be an int, got bool {value}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"mpijax.{op}: {name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def rank(value, name, comm, op, *, allow=()):
+    """A rank argument: 0 <= value < comm size, or one of the constants in `allow`."""
+    value = static_int(value, name, op)
+    if value in allow or 0 <= value < comm.size:
+        return value
+    extra = "".join(f" or MPI.{_CONSTANTS[a]}" for a in allow)
+    raise ValueError(
+        f"mpijax.{op}: {name}={value} is out of range for a communicator of size "
+        f"{comm.size} (expected 0 <= {name} < {comm.size}{extra})"
+    )
+
+
+# MPI guarantees the attribute on COMM_WORLD only; it bounds tags on every communicator.
+_TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+
+
+def tag(value, name, op, *, allow_any=False):
+    value = static_int(value, name, op)
+    if (allow_any and value == MPI.ANY_TAG) or 0 <= value <= _TAG_UB:
+        return value
+    extra = " or MPI.ANY_TAG" if allow_any else ""
+    raise ValueError(f"mpijax.{op}: {name}={value} is out of range (expected 0 <= {name} <= {_TAG_UB}{extra})")
+
+
+_CONSTANTS = {MPI.ANY_SOURCE: "ANY_SOURCE", MPI.PROC_NULL: "PROC_NULL"}
