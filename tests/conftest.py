@@ -1,0 +1,53 @@
+"""Runs under mpirun at any number of ranks: every rank runs the same tests in
+the same order. Rank 0 reports as usual; the other ranks print only their
+failures and a one-line tally, so a failure on any rank is visible."""
+
+import collections
+import sys
+
+import jax
+import pytest
+from mpi4py import MPI
+
+jax.config.update("jax_enable_x64", True)
+
+RANK = MPI.COMM_WORLD.Get_rank()
+SIZE = MPI.COMM_WORLD.Get_size()
+
+
+class _OtherRankReporter:
+    def __init__(self):
+        self.tally = collections.Counter()
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed:
+            sys.stderr.write(f"\n[rank {RANK}] FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+        if report.when == "call" or report.outcome != "passed":
+            self.tally[report.outcome] += 1
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(self.tally.items()))
+        sys.stderr.write(f"[rank {RANK} of {SIZE}] {counts}\n")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    config.addinivalue_line("markers", "launcher: starts mpirun itself; runs only in a process started without mpirun")
+    if RANK != 0:
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            config.pluginmanager.unregister(reporter)
+        config.pluginmanager.register(_OtherRankReporter(), "mpijax-other-rank")
+
+
+def pytest_report_header(config):
+    return f"MPI: {SIZE} rank(s); {MPI.Get_library_version().splitlines()[0]}"
+
+
+@pytest.fixture
+def comm():
+    """A fresh duplicate of COMM_WORLD per test, so a failed test cannot leave
+    unmatched messages for the next one."""
+    c = MPI.COMM_WORLD.Dup()
+    yield c
+    c.Free()

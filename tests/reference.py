@@ -1,0 +1,57 @@
+"""Inputs for every rank, computed identically on every rank, so that each
+test can build its NumPy reference from all ranks' data without communicating."""
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+RANK = MPI.COMM_WORLD.Get_rank()
+SIZE = MPI.COMM_WORLD.Get_size()
+
+DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+]  # fmt: skip
+
+SHAPES = [(), (0,), (5,), (4, 2)]  # scalar, empty, odd, even (2-d)
+BIG = 8 * 2**20  # bytes: far above any eager (rendezvous) limit
+
+MODES = {"eager": lambda f: f, "jit": jax.jit}
+
+
+def np_dtype(name):
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def data(shape, dtype, rank, seed=0):
+    """Small values of `dtype` for `rank`: integers in [1, 3], so sums and
+    products over a few ranks are exact even in 16-bit floats and int8."""
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng([seed, rank, zlib.crc32(dtype.encode())])
+    if dt == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    values = rng.integers(1, 4, shape)
+    if np.issubdtype(dt, np.complexfloating):
+        values = values + 1j * rng.integers(1, 4, shape)
+    return values.astype(dt)
+
+
+def all_data(shape, dtype, seed=0, size=SIZE):
+    return [data(shape, dtype, r, seed) for r in range(size)]
+
+
+def assert_equal(actual, expected):
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    np.testing.assert_array_equal(actual, expected)
+
+
+def big_vector(rank, dtype=np.float32):
+    n = BIG // np.dtype(dtype).itemsize
+    return jnp.arange(n, dtype=dtype) + rank

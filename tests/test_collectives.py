@@ -1,0 +1,100 @@
+"""bcast, gather, scatter, allgather, alltoall, barrier against NumPy
+references built from every rank's input."""
+
+import numpy as np
+import pytest
+from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, data
+
+import mpijax
+
+ROOTS = list(range(SIZE))
+
+
+def run(mode, f, x):
+    return MODES[mode](f)(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("root", ROOTS)
+def test_bcast(comm, mode, dtype, shape, root):
+    xs = all_data(shape, dtype)
+    result = run(mode, lambda x: mpijax.bcast(x, root, comm=comm), xs[RANK])
+    assert_equal(result, xs[root])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("root", ROOTS)
+def test_gather(comm, mode, dtype, shape, root):
+    xs = all_data(shape, dtype)
+    result = run(mode, lambda x: mpijax.gather(x, root, comm=comm), xs[RANK])
+    assert_equal(result, np.stack(xs) if RANK == root else xs[RANK])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("root", ROOTS)
+def test_scatter(comm, mode, dtype, shape, root):
+    blocks = data((SIZE, *shape), dtype, rank=root)  # only the root's data travels
+    x = blocks if RANK == root else data(shape, dtype, RANK, seed=1)
+    result = run(mode, lambda x: mpijax.scatter(x, root, comm=comm), x)
+    assert_equal(result, blocks[RANK])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_allgather(comm, mode, dtype, shape):
+    xs = all_data(shape, dtype)
+    result = run(mode, lambda x: mpijax.allgather(x, comm=comm), xs[RANK])
+    assert_equal(result, np.stack(xs))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_alltoall(comm, mode, dtype, shape):
+    xs = all_data((SIZE, *shape), dtype)
+    result = run(mode, lambda x: mpijax.alltoall(x, comm=comm), xs[RANK])
+    assert_equal(result, np.stack([xs[r][RANK] for r in range(SIZE)]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_barrier(comm, mode):
+    assert run(mode, lambda x: mpijax.barrier(comm=comm), 0) is None
+
+
+BIG_OPS = {
+    "bcast": lambda x, root, comm: mpijax.bcast(x, root, comm=comm),
+    "gather": lambda x, root, comm: mpijax.gather(x, root, comm=comm),
+    "scatter": lambda x, root, comm: mpijax.scatter(x, root, comm=comm),
+    "allgather": lambda x, root, comm: mpijax.allgather(x, comm=comm),
+    "alltoall": lambda x, root, comm: mpijax.alltoall(x, comm=comm),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", BIG_OPS)
+def test_8MiB(comm, mode, name):
+    """Each rank contributes or receives 8 MiB per block."""
+    n = BIG // 4
+    root = SIZE - 1
+    blocks = [np.arange(n, dtype=np.float32) * (r + 1) for r in range(SIZE)]
+    stacked = np.stack(blocks)
+    if name in ("scatter", "alltoall"):
+        x = stacked * (RANK + 1) if (name == "alltoall" or RANK == root) else blocks[0]
+    else:
+        x = blocks[RANK]
+    result = np.asarray(run(mode, lambda x: BIG_OPS[name](x, root, comm), x))
+    want = {
+        "bcast": blocks[root],
+        "gather": stacked if RANK == root else blocks[RANK],
+        "scatter": stacked[RANK] * (root + 1),
+        "allgather": stacked,
+        "alltoall": np.stack([blocks[RANK] * (r + 1) for r in range(SIZE)]),
+    }[name]
+    np.testing.assert_array_equal(result, want)

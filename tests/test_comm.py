@@ -1,0 +1,82 @@
+"""Communicators: the private default, any intracommunicator, small ids in
+the compiled program."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+from reference import MODES, RANK, SIZE, all_data, assert_equal
+
+import mpijax
+from mpijax._src import comm as mpijax_comm
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+
+
+def test_default_is_a_private_duplicate_of_world():
+    default = mpijax_comm.default_comm()
+    assert default != MPI.COMM_WORLD
+    assert MPI.Comm.Compare(default, MPI.COMM_WORLD) == MPI.CONGRUENT
+
+
+def test_default_does_not_see_user_messages_on_world():
+    """A user's mpi4py message on COMM_WORLD must not be taken by mpijax's recv."""
+    world = MPI.COMM_WORLD
+    request = world.isend("from mpi4py", NEXT, tag=3)
+    got = mpijax.sendrecv(jnp.full(2, RANK, jnp.int32), jnp.zeros(2, jnp.int32), PREV, NEXT, recvtag=MPI.ANY_TAG)
+    assert_equal(got, np.full(2, PREV, np.int32))
+    assert world.recv(source=PREV, tag=3) == "from mpi4py"
+    request.wait()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_split(comm, mode):
+    color = RANK % 2
+    sub = comm.Split(color, key=-RANK)  # reversed order inside each group
+    members = sorted((r for r in range(SIZE) if r % 2 == color), reverse=True)
+    xs = all_data((3,), "int32")
+    try:
+        total = MODES[mode](lambda x: mpijax.allreduce(x, MPI.SUM, comm=sub))(xs[RANK])
+        stacked = MODES[mode](lambda x: mpijax.allgather(x, comm=sub))(xs[RANK])
+    finally:
+        sub.Free()
+    assert_equal(total, sum(xs[r] for r in members))
+    assert_equal(stacked, np.stack([xs[r] for r in members]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cartesian_shift(comm, mode):
+    cart = comm.Create_cart([SIZE], periods=[True])
+    source, dest = cart.Shift(0, 1)
+    x = jnp.arange(4) + 10 * cart.Get_rank()
+    try:
+        got = MODES[mode](lambda x: mpijax.sendrecv(x, x, source, dest, comm=cart))(x)
+    finally:
+        cart.Free()
+    assert_equal(got, np.arange(4) + 10 * source)
+
+
+def test_comm_self():
+    assert_equal(mpijax.allreduce(jnp.arange(3) + RANK, MPI.SUM, comm=MPI.COMM_SELF), np.arange(3) + RANK)
+
+
+def test_program_carries_a_small_id_not_a_handle(comm):
+    text = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm)).lower(jnp.ones(2)).as_text()
+    (cid,) = re.findall(r"comm = (-?\d+) : i64", text)
+    assert 0 <= int(cid) < 1000
+    assert str(MPI._handleof(comm)) not in text.replace(f"comm = {cid}", "")
+
+
+def test_ids_are_stable_and_distinct(comm):
+    other = comm.Dup()
+    try:
+        a, b = mpijax_comm.resolve(comm, "test"), mpijax_comm.resolve(other, "test")
+        assert a.id != b.id
+        assert mpijax_comm.resolve(comm, "test").id == a.id
+        assert (a.rank, a.size) == (RANK, SIZE)
+    finally:
+        other.Free()

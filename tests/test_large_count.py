@@ -1,0 +1,94 @@
+"""Counts past what one MPI call takes: with the per-call limit lowered to a
+few elements every path runs on small arrays; then real arrays of more than
+2**31 - 1 elements."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+from reference import MODES, RANK, SIZE, all_data, assert_equal, data
+
+import mpijax
+from mpijax._src.runtime import core
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+INT_MAX = 2**31 - 1
+
+
+@pytest.fixture
+def limit():
+    assert core.count_limit() == INT_MAX
+    core.set_count_limit(7)
+    yield
+    core.set_count_limit(INT_MAX)
+
+
+COUNTS = [0, 6, 7, 14, 23]  # below, at, twice and past the limit
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["float16", "int8", "float64", "complex64"])
+@pytest.mark.parametrize("n", COUNTS)
+def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
+    xs = all_data((n,), dtype)
+    blocks = all_data((SIZE, n), dtype, seed=1)
+    x, root = xs[RANK], SIZE - 1
+    run = lambda f, *a: np.asarray(MODES[mode](f)(*a))  # noqa: E731
+    stack = np.stack(xs)
+    assert_equal(run(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm), x), stack.sum(0, dtype=stack.dtype))
+    assert_equal(run(lambda x: mpijax.scan(x, MPI.SUM, comm=comm), x), stack[: RANK + 1].sum(0, dtype=stack.dtype))
+    assert_equal(
+        run(lambda x: mpijax.reduce(x, MPI.SUM, root, comm=comm), x),
+        stack.sum(0, dtype=stack.dtype) if RANK == root else x,
+    )
+    assert_equal(run(lambda x: mpijax.bcast(x, root, comm=comm), x), xs[root])
+    assert_equal(run(lambda x: mpijax.gather(x, root, comm=comm), x), stack if RANK == root else x)
+    assert_equal(run(lambda x: mpijax.scatter(x, root, comm=comm), blocks[RANK] if RANK == root else x), blocks[root][RANK])
+    assert_equal(run(lambda x: mpijax.allgather(x, comm=comm), x), stack)
+    assert_equal(run(lambda b: mpijax.alltoall(b, comm=comm), blocks[RANK]), np.stack([b[RANK] for b in blocks]))
+    assert_equal(run(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), x), xs[PREV])
+
+
+def test_send_recv_past_the_limit_with_status(comm, limit):
+    status = MPI.Status()
+    x = jnp.asarray(data((20,), "int16", RANK))
+    mpijax.send(x, RANK, tag=2, comm=comm)
+    got = mpijax.recv(jnp.zeros(25, jnp.int16), RANK, tag=2, comm=comm, status=status)
+    assert_equal(got, np.concatenate([np.asarray(x), np.zeros(5, np.int16)]))
+    assert status.Get_count(MPI.SHORT) == 20
+
+
+huge = pytest.mark.skipif(SIZE > 2, reason="2 GiB per array: run at 1 and 2 ranks to stay within memory")
+N = 2**31 + 3  # int8 elements: more than INT_MAX
+
+
+def pattern(offset):
+    """int8 values that differ between neighbours, so a misplaced byte shows."""
+    return jnp.arange(N, dtype=jnp.int8) + jnp.int8(offset)
+
+
+def assert_periodic(got, period):
+    """got[i] == period[i % 256] for all i, checked block by block to bound memory."""
+    assert got.size == N
+    block = 256 * 2**16
+    tiled = np.tile(period, block // 256)
+    for start in range(0, N, block):
+        part = got[start : start + block]
+        mismatch = np.flatnonzero(part != tiled[: part.size])
+        assert mismatch.size == 0, f"{mismatch.size} wrong elements from index {start + mismatch[0]}"
+
+
+@huge
+def test_allreduce_more_than_int_max_elements(comm):
+    got = np.asarray(jax.jit(lambda v: mpijax.allreduce(pattern(v), MPI.SUM, comm=comm))(RANK))
+    base = np.arange(256, dtype=np.int64)
+    assert_periodic(got, (base * SIZE + sum(range(SIZE))).astype(np.int8))
+
+
+@huge
+def test_sendrecv_more_than_int_max_elements(comm):
+    f = jax.jit(lambda v: mpijax.sendrecv(pattern(v), jnp.zeros(N, jnp.int8), PREV, NEXT, comm=comm))
+    got = np.asarray(f(RANK))
+    assert_periodic(got, (np.arange(256) + PREV).astype(np.int8))

@@ -1,0 +1,112 @@
+"""Whole programs under their own mpirun: clean exit with MPI work still
+queued, the debug environment variables, and the README's example. These run
+in a pytest started without mpirun (`pytest -m launcher`)."""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from reference import SIZE
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")
+
+pytestmark = [
+    pytest.mark.launcher,
+    pytest.mark.skipif(
+        SIZE > 1 or any(k.startswith(("OMPI_COMM_WORLD", "PMI_RANK", "PMIX_RANK")) for k in os.environ),
+        reason="starts its own mpirun: run in a pytest started without mpirun",
+    ),
+]
+
+
+def mpirun(tmp_path, source, n=2, env=None, timeout=120):
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(source))
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    clean.update(env or {})
+    command = [shutil.which("mpirun"), "-n", str(n), sys.executable, str(script)]
+    return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+def test_exit_right_after_dispatching_send_and_recv(tmp_path):
+    """Both ranks return from Python with their 8 MiB send/recv still queued
+    (rank 1 posts its receive a second late, so rank 0's send cannot have
+    finished); both must finish before MPI_Finalize."""
+    result = mpirun(
+        tmp_path,
+        """
+        import time
+        import jax, jax.numpy as jnp
+        from mpi4py import MPI
+        import mpijax
+        rank = MPI.COMM_WORLD.Get_rank()
+        x = jnp.arange(2 * 2**20, dtype=jnp.float32)
+        if rank == 0:
+            jax.jit(lambda x: mpijax.send(x, 1))(x)
+        else:
+            time.sleep(1)
+            jax.jit(lambda x: mpijax.recv(x, 0))(x)
+        print(f"rank {rank} leaves", flush=True)
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split()) == ["0", "1", "leaves", "leaves", "rank", "rank"]
+
+
+@pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])
+def test_debug_environment_variable(tmp_path, variable):
+    program = """
+        import jax, jax.numpy as jnp
+        from mpi4py import MPI
+        import mpijax
+        jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM))(jnp.ones(3, jnp.float32)).block_until_ready()
+        """
+    result = mpirun(tmp_path, program, env={variable: "1"})
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        assert re.search(rf"^mpijax r{rank} \| allreduce \| 3 x float32 \| 12 B \| [\d.]+ us$", result.stderr, re.M)
+    quiet = mpirun(tmp_path, program, env={variable: "0"})
+    assert "mpijax r" not in quiet.stderr
+
+
+def test_readme_example(tmp_path):
+    result = mpirun(tmp_path, (ROOT / "examples" / "hello.py").read_text())
+    assert result.returncode == 0, result.stderr
+    lines = sorted(result.stdout.splitlines())
+    assert lines == [
+        "rank 0/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 1: [10.0, 11.0, 12.0, 13.0]",
+        "rank 1/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 0: [0.0, 1.0, 2.0, 3.0]",
+    ]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in MPI library")
+def test_import_check_names_both_mpi_libraries(tmp_path):
+    """A module that resolves MPI_Init to another library (a stand-in built
+    here) is reported with both libraries named."""
+    import ctypes
+
+    from mpijax._src import runtime
+
+    (tmp_path / "fakempi.c").write_text("int MPI_Init(int *c, char ***v) { return 0; }\n")
+    (tmp_path / "module.c").write_text("int MPI_Init(int *c, char ***v);\nint touch(void) { return MPI_Init(0, 0); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", "libfakempi.so", "fakempi.c"], cwd=tmp_path, check=True)
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", "module.so", "module.c", "-L.", "-lfakempi", "-Wl,-rpath," + str(tmp_path)],
+        cwd=tmp_path,
+        check=True,
+    )
+    module = str(tmp_path / "module.so")
+    ctypes.CDLL(module)
+    ours, _ = runtime.core.mpi_library()
+    with pytest.raises(ImportError) as error:
+        runtime.check_same_mpi(module, "Stand-in MPI 9.9\nsecond line")
+    message = str(error.value)
+    assert str(tmp_path / "libfakempi.so") in message and "Stand-in MPI 9.9" in message
+    assert ours in message and "second line" not in message
+    runtime.check_same_mpi(runtime.MPI.__file__, runtime.MPI.Get_library_version())  # the real pair agrees

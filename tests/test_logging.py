@@ -1,0 +1,76 @@
+"""MPIJAX_DEBUG: one line per MPI call per rank, written by C++ (the
+environment variables themselves are tested in test_launch.py)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from mpi4py import MPI
+from reference import RANK, SIZE
+
+import mpijax
+from mpijax._src.runtime import core
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+
+
+@pytest.fixture
+def log(capfd):
+    core.set_logging(True)
+    capfd.readouterr()
+
+    def lines():
+        jax.effects_barrier()
+        return [line for line in capfd.readouterr().err.splitlines() if line.startswith("mpijax ")]
+
+    yield lines
+    core.set_logging(False)
+
+
+def test_one_line_per_call_with_every_field(comm, log):
+    @jax.jit
+    def f(x):
+        y = mpijax.allreduce(x, MPI.SUM, comm=comm)
+        z = mpijax.sendrecv(x, x, PREV, NEXT, sendtag=4, recvtag=4, comm=comm)
+        w = mpijax.bcast(x[:2], SIZE - 1, comm=comm)
+        mpijax.barrier(comm=comm)
+        return y, z, w
+
+    f(jnp.ones(5, jnp.float32))
+    f(jnp.ones(5, jnp.float32))
+    lines = log()
+    assert len(lines) == 8, lines
+    number = r"\d+\.\d+ us"
+    expected = [
+        rf"mpijax r{RANK} \| allreduce \| 5 x float32 \| 20 B \| {number}",
+        rf"mpijax r{RANK} \| sendrecv \| dest {NEXT} \| source {PREV} \| sendtag 4 \| recvtag 4 \| 5 x float32 \| 20 B \| {number}",
+        rf"mpijax r{RANK} \| bcast \| root {SIZE - 1} \| 2 x float32 \| 8 B \| {number}",
+        rf"mpijax r{RANK} \| barrier \| 0 x - \| 0 B \| {number}",
+    ]
+    for line, pattern in zip(lines, expected * 2):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_send_recv_and_dtype_names(comm, log):
+    x = jnp.zeros((2, 3), jnp.bfloat16)
+    mpijax.send(x, RANK, tag=9, comm=comm)
+    mpijax.recv(x, RANK, tag=9, comm=comm)
+    send, recv = log()
+    assert re.fullmatch(rf"mpijax r{RANK} \| send \| dest {RANK} \| sendtag 9 \| 6 x bfloat16 \| 12 B \| .* us", send)
+    assert re.fullmatch(rf"mpijax r{RANK} \| recv \| source {RANK} \| recvtag 9 \| 6 x bfloat16 \| 12 B \| .* us", recv)
+
+
+def test_failed_call_is_marked(comm, log):
+    with pytest.raises(jax.errors.JaxRuntimeError):
+        jax.block_until_ready(mpijax.sendrecv(jnp.ones(4), jnp.zeros(2), PREV, NEXT, comm=comm))
+    (line,) = log()
+    assert line.endswith("| FAILED")
+
+
+def test_off_by_default_and_when_disabled(comm, capfd):
+    assert not core.logging()
+    jax.block_until_ready(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm))
+    jax.effects_barrier()
+    assert "mpijax r" not in capfd.readouterr().err

@@ -1,0 +1,174 @@
+"""Program order: the token chain in the lowered program, and runs that would
+deadlock (and fail by timeout) if any rank's MPI calls were reordered, merged
+or dropped — within a jit, across jits, in loops, cond and custom_vjp."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from mpi4py import MPI
+from reference import RANK, SIZE, big_vector
+
+import mpijax
+from mpijax._src.runtime import core
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+needs_peer = pytest.mark.skipif(SIZE < 2, reason="needs a second rank")
+
+
+def send_then_recv(x, comm):
+    """Rank parity picks the order, so a reordering on any rank deadlocks."""
+    if RANK % 2 == 0:
+        mpijax.send(x, NEXT, comm=comm)
+        return mpijax.recv(x, PREV, comm=comm)
+    y = mpijax.recv(x, PREV, comm=comm)
+    mpijax.send(x, NEXT, comm=comm)
+    return y
+
+
+def mpi_calls(text):
+    """(target, operand list, result name) of each mpijax custom call in StableHLO text."""
+    pattern = r"(%\S+) = stablehlo\.custom_call @(mpijax_\w+)\(([^)]*)\)"
+    return [(t, [o.strip() for o in ops.split(",") if o.strip()], r) for r, t, ops in re.findall(pattern, text)]
+
+
+def token_result(name):
+    """The token is a call's last result: `%3:2` is used as `%3#1`, `%3` as `%3`."""
+    value, _, count = name.partition(":")
+    return f"{value}#{int(count) - 1}" if count else value
+
+
+def test_token_chain_links_every_call(comm):
+    """Each MPI call consumes the token that the previous one produced, and
+    the first consumes the function's input token."""
+
+    def f(x):
+        y = mpijax.allreduce(x, MPI.SUM, comm=comm)
+        mpijax.send(x, NEXT, comm=comm)
+        z = mpijax.recv(x, PREV, comm=comm)
+        mpijax.barrier(comm=comm)
+        return y + z
+
+    text = jax.jit(f).lower(jnp.ones(3)).as_text()
+    calls = mpi_calls(text)
+    assert [c[0] for c in calls] == ["mpijax_allreduce", "mpijax_send", "mpijax_recv", "mpijax_barrier"]
+    assert calls[0][1][-1] == "%arg0"  # the entry token
+    for (_, _, previous), (_, operands, _) in zip(calls, calls[1:]):
+        assert operands[-1] == token_result(previous), (previous, operands)
+
+
+@needs_peer
+def test_send_recv_8MiB_in_one_jit(comm):
+    result = jax.jit(lambda x: send_then_recv(x, comm))(big_vector(RANK))
+    np.testing.assert_array_equal(result, big_vector(PREV))
+
+
+@needs_peer
+def test_order_across_jit_calls(comm):
+    send = jax.jit(lambda x: mpijax.send(x, NEXT, comm=comm))
+    recv = jax.jit(lambda x: mpijax.recv(x, PREV, comm=comm))
+    x = big_vector(RANK)
+    if RANK % 2 == 0:
+        send(x)
+        y = recv(x)
+    else:
+        y = recv(x)
+        send(x)
+    np.testing.assert_array_equal(y, big_vector(PREV))
+
+
+def ring_step(x, comm):
+    """One ring exchange of 8 MiB plus an allreduce, as a loop body."""
+    return send_then_recv(x, comm) + mpijax.allreduce(x[:1], MPI.SUM, comm=comm)
+
+
+def expected_after(steps):
+    """Each step passes data one rank on and adds the sum of the first elements."""
+    xs = [np.asarray(big_vector(r, jnp.float64)) for r in range(SIZE)]
+    for _ in range(steps):
+        total = sum(x[0] for x in xs)
+        xs = [xs[(r - 1) % SIZE] + total for r in range(SIZE)]
+    return xs[RANK]
+
+
+LOOPS = {
+    "fori_loop": lambda x, comm: lax.fori_loop(0, 3, lambda i, x: ring_step(x, comm), x),
+    "while_loop": lambda x, comm: lax.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + 1, ring_step(c[1], comm)), (0, x)
+    )[1],
+    "scan": lambda x, comm: lax.scan(lambda x, _: (ring_step(x, comm), None), x, None, length=3)[0],
+    "cond": lambda x, comm: lax.cond(
+        x[0] >= 0, lambda x: ring_step(ring_step(ring_step(x, comm), comm), comm), lambda x: x, x
+    ),
+}
+
+
+@needs_peer
+@pytest.mark.parametrize("loop", LOOPS)
+def test_control_flow(comm, loop):
+    result = jax.jit(lambda x: LOOPS[loop](x, comm))(big_vector(RANK, jnp.float64))
+    np.testing.assert_array_equal(result, expected_after(3))
+
+
+@needs_peer
+def test_custom_vjp_forward_and_backward(comm):
+    """A custom_vjp whose forward passes data on and whose backward passes the
+    cotangent back: both directions run in order on every rank."""
+
+    @jax.custom_vjp
+    def shift(x):
+        return send_then_recv(x, comm)
+
+    def fwd(x):
+        return shift(x), None
+
+    def bwd(_, g):
+        if RANK % 2 == 0:
+            mpijax.send(g, PREV, comm=comm)
+            return (mpijax.recv(g, NEXT, comm=comm),)
+        y = mpijax.recv(g, NEXT, comm=comm)
+        mpijax.send(g, PREV, comm=comm)
+        return (y,)
+
+    shift.defvjp(fwd, bwd)
+    x = big_vector(RANK, jnp.float64)
+    weights = jnp.arange(x.size, dtype=jnp.float64) * (RANK + 1)
+    grad = jax.jit(jax.grad(lambda x: jnp.vdot(weights, shift(x))))(x)
+    # d/dx_r of sum_s <w_s, x_{s-1}> is w_{r+1}.
+    np.testing.assert_array_equal(grad, np.arange(x.size) * (NEXT + 1.0))
+
+
+@needs_peer
+def test_unused_send_still_runs(comm):
+    """The send's result is never used; if it were dropped, the receiver would hang."""
+    x = jnp.arange(4.0) + RANK
+    if RANK == 0:
+        out = jax.jit(lambda x: (mpijax.send(x, 1, comm=comm), x + 1)[1])(x)
+        np.testing.assert_array_equal(out, np.arange(4.0) + 1)
+    elif RANK == 1:
+        np.testing.assert_array_equal(mpijax.recv(x, 0, comm=comm), np.arange(4.0))
+
+
+def test_unused_barrier_still_runs(comm, capfd):
+    core.set_logging(True)
+    try:
+        out = jax.jit(lambda x: (mpijax.barrier(comm=comm), x * 2)[1])(jnp.ones(2))
+        jax.block_until_ready(out)
+        jax.effects_barrier()
+    finally:
+        core.set_logging(False)
+    assert re.search(rf"^mpijax r{RANK} \| barrier \|", capfd.readouterr().err, re.M)
+
+
+def test_many_independent_collectives_in_one_jit(comm):
+    """16 independent 1 MiB allreduces: XLA may run independent work
+    concurrently, but the token chain keeps one order on every rank."""
+    xs = [jnp.full(2**18, float(i), jnp.float32) * (RANK + 1) for i in range(16)]
+    results = jax.jit(lambda xs: [mpijax.allreduce(x, MPI.SUM, comm=comm) for x in xs])(xs)
+    scale = SIZE * (SIZE + 1) / 2
+    for i, r in enumerate(results):
+        np.testing.assert_array_equal(r, np.full(2**18, i * scale, np.float32))

@@ -1,0 +1,147 @@
+"""send, recv, sendrecv: ring exchanges checked against the neighbour's input,
+status objects, tags, MPI.PROC_NULL and short messages."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
+
+import mpijax
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+needs_peer = pytest.mark.skipif(SIZE < 2, reason="needs a second rank")
+
+
+def ring(x, comm, tag=0):
+    """Pass x to the next rank; even ranks send first, odd ranks receive first,
+    so blocking sends of any size complete at every ring length."""
+    if RANK % 2 == 0:
+        mpijax.send(x, NEXT, tag=tag, comm=comm)
+        return mpijax.recv(x, PREV, tag=tag, comm=comm)
+    y = mpijax.recv(x, PREV, tag=tag, comm=comm)
+    mpijax.send(x, NEXT, tag=tag, comm=comm)
+    return y
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_send_recv_ring(comm, mode, dtype, shape):
+    xs = all_data(shape, dtype)
+    result = MODES[mode](lambda x: ring(x, comm))(xs[RANK])
+    assert_equal(result, xs[PREV])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sendrecv_ring(comm, mode, dtype, shape):
+    xs = all_data(shape, dtype)
+    result = MODES[mode](lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))(xs[RANK])
+    assert_equal(result, xs[PREV])
+
+
+@needs_peer
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ["ring", "sendrecv"])
+def test_8MiB(comm, mode, name):
+    f = (lambda x: ring(x, comm)) if name == "ring" else (lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))
+    result = MODES[mode](f)(big_vector(RANK))
+    np.testing.assert_array_equal(result, big_vector(PREV))
+
+
+def test_sendrecv_different_shapes_and_dtypes(comm):
+    """The send and receive buffers are independent; the receive side follows recvbuf."""
+    send = jnp.arange(6, dtype=jnp.int32).reshape(2, 3) + RANK
+    template = jnp.zeros((3, 2), jnp.int32)
+    result = mpijax.sendrecv(send, template, PREV, NEXT, comm=comm)
+    assert_equal(result, (np.arange(6, dtype=np.int32) + PREV).reshape(3, 2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_recv_status(comm, mode):
+    status = MPI.Status()
+    x = jnp.arange(5, dtype=jnp.float64) + RANK
+
+    def f(x):
+        if RANK % 2 == 0:
+            mpijax.send(x, NEXT, tag=10 + RANK, comm=comm)
+            return mpijax.recv(x, MPI.ANY_SOURCE, tag=MPI.ANY_TAG, comm=comm, status=status)
+        y = mpijax.recv(x, MPI.ANY_SOURCE, tag=MPI.ANY_TAG, comm=comm, status=status)
+        mpijax.send(x, NEXT, tag=10 + RANK, comm=comm)
+        return y
+
+    result = MODES[mode](f)(x)
+    jax.block_until_ready(result)
+    assert_equal(result, np.arange(5.0) + PREV)
+    assert status.Get_source() == PREV
+    assert status.Get_tag() == 10 + PREV
+    assert status.Get_count(MPI.DOUBLE) == 5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sendrecv_status(comm, mode):
+    status = MPI.Status()
+    x = jnp.arange(3, dtype=jnp.int16)
+    f = lambda x: mpijax.sendrecv(x, x, PREV, NEXT, sendtag=RANK, comm=comm, status=status)  # noqa: E731
+    jax.block_until_ready(MODES[mode](f)(x))
+    assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.SHORT)) == (PREV, PREV, 3)
+
+
+@needs_peer
+def test_tags_select_messages(comm):
+    """Two messages in flight to the same rank are received by tag, in the opposite order."""
+    a = jnp.full(4, 1.0) * (RANK + 1)
+    b = jnp.full(4, 2.0) * (RANK + 1)
+
+    @jax.jit
+    def f(a, b):
+        if RANK % 2 == 0:
+            mpijax.send(a, NEXT, tag=1, comm=comm)
+            mpijax.send(b, NEXT, tag=2, comm=comm)
+            y2 = mpijax.recv(b, PREV, tag=2, comm=comm)
+            y1 = mpijax.recv(a, PREV, tag=1, comm=comm)
+        else:
+            y2 = mpijax.recv(b, PREV, tag=2, comm=comm)
+            y1 = mpijax.recv(a, PREV, tag=1, comm=comm)
+            mpijax.send(a, NEXT, tag=1, comm=comm)
+            mpijax.send(b, NEXT, tag=2, comm=comm)
+        return y1, y2
+
+    y1, y2 = f(a, b)
+    assert_equal(y1, np.full(4, 1.0) * (PREV + 1))
+    assert_equal(y2, np.full(4, 2.0) * (PREV + 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_proc_null_shift(comm, mode):
+    """A non-periodic shift: the ends talk to MPI.PROC_NULL, and a receive from
+    it yields zeros (never uninitialised memory)."""
+    source = RANK - 1 if RANK > 0 else MPI.PROC_NULL
+    dest = RANK + 1 if RANK < SIZE - 1 else MPI.PROC_NULL
+    x = jnp.arange(4, dtype=jnp.int32) + 100 * (RANK + 1)
+    result = MODES[mode](lambda x: mpijax.sendrecv(x, x, source, dest, comm=comm))(x)
+    want = np.zeros(4, np.int32) if RANK == 0 else np.arange(4, dtype=np.int32) + 100 * RANK
+    assert_equal(result, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_short_message_leaves_zeros(comm, mode):
+    """A message shorter than the receive buffer fills its front; the rest is zero."""
+    status = MPI.Status()
+    short = jnp.arange(3, dtype=jnp.float32) + 1 + RANK
+    template = jnp.full(7, -1.0, jnp.float32)
+    f = lambda s, t: mpijax.sendrecv(s, t, PREV, NEXT, comm=comm, status=status)  # noqa: E731
+    result = MODES[mode](f)(short, template)
+    jax.block_until_ready(result)
+    assert_equal(result, np.array([1 + PREV, 2 + PREV, 3 + PREV, 0, 0, 0, 0], np.float32))
+    assert status.Get_count(MPI.FLOAT) == 3
+
+
+def test_send_to_self_and_proc_null(comm):
+    mpijax.send(jnp.ones(3), MPI.PROC_NULL, comm=comm)
+    mpijax.send(jnp.arange(3.0), RANK, tag=5, comm=comm)  # small: completes eagerly
+    assert_equal(mpijax.recv(jnp.zeros(3), RANK, tag=5, comm=comm), np.arange(3.0))
