@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs mpijax on a Debian machine and runs examples/hello.py on 2 ranks.
+# Installs with apt what is missing (an MPI, a C++ compiler, Python's venv and
+# headers), then mpijax and its test tools into a virtual environment, .venv.
+#   bash scripts/setup.sh                 set up, then run the example
+#   bash scripts/setup.sh --no-example    set up only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv
+
+apt_packages=()
+command -v mpicc >/dev/null || apt_packages+=(libopenmpi-dev openmpi-bin)
+command -v c++ >/dev/null || apt_packages+=(g++)
+if ! command -v python3 >/dev/null; then
+  apt_packages+=(python3 python3-venv python3-dev)
+else
+  python3 -c "import ensurepip" 2>/dev/null || apt_packages+=(python3-venv)
+  python3 -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
+    || apt_packages+=(python3-dev)
+fi
+if ((${#apt_packages[@]})); then
+  echo "== apt-get install ${apt_packages[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+fi
+
+echo "== installing mpijax into $venv (against $(mpicc -show | awk '{print $1}') / $(mpirun --version 2>&1 | head -n1))"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q ".[test]"
+
+if [ "${1:-}" != "--no-example" ]; then
+  source scripts/mpienv.sh
+  echo "== mpirun -n 2 python examples/hello.py"
+  mpirun -n 2 "$venv/bin/python" examples/hello.py
+fi
