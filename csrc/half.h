@@ -36,9 +36,9 @@ inline uint16_t FloatToHalf(float f) {
   uint32_t x = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return sign | 0x7e00u;             // NaN
-  if (x >= 0x47800000u) return sign | 0x7c00u;            // >= 2^16: infinity
-  if (x < 0x38800000u) {                                  // below 2^-14: subnormal
+  if (x > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (x >= 0x47800000u) return sign | 0x7c00u;  // >= 2^16: infinity
+  if (x < 0x38800000u) {                        // below 2^-14: subnormal
     // Adding 0.5 (whose ulp is 2^-24, the half subnormal step) makes the FPU
     // round to the subnormal grid with ties to even.
     const uint32_t rounded = FloatBits(BitsFloat(x) + 0.5f) - 0x3f000000u;

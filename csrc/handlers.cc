@@ -28,24 +28,40 @@ struct Element {
 
 Element ElementOf(ffi::DataType t) {
   switch (t) {
-    case ffi::PRED: return {MPI_C_BOOL, "bool"};
-    case ffi::S8: return {MPI_INT8_T, "int8"};
-    case ffi::S16: return {MPI_INT16_T, "int16"};
-    case ffi::S32: return {MPI_INT32_T, "int32"};
-    case ffi::S64: return {MPI_INT64_T, "int64"};
-    case ffi::U8: return {MPI_UINT8_T, "uint8"};
-    case ffi::U16: return {MPI_UINT16_T, "uint16"};
-    case ffi::U32: return {MPI_UINT32_T, "uint32"};
-    case ffi::U64: return {MPI_UINT64_T, "uint64"};
+    case ffi::PRED:
+      return {MPI_C_BOOL, "bool"};
+    case ffi::S8:
+      return {MPI_INT8_T, "int8"};
+    case ffi::S16:
+      return {MPI_INT16_T, "int16"};
+    case ffi::S32:
+      return {MPI_INT32_T, "int32"};
+    case ffi::S64:
+      return {MPI_INT64_T, "int64"};
+    case ffi::U8:
+      return {MPI_UINT8_T, "uint8"};
+    case ffi::U16:
+      return {MPI_UINT16_T, "uint16"};
+    case ffi::U32:
+      return {MPI_UINT32_T, "uint32"};
+    case ffi::U64:
+      return {MPI_UINT64_T, "uint64"};
     // No MPI type exists for 16-bit floats: they travel as 2-byte words and
     // reduce in user ops (OpOf).
-    case ffi::F16: return {MPI_UINT16_T, "float16"};
-    case ffi::BF16: return {MPI_UINT16_T, "bfloat16"};
-    case ffi::F32: return {MPI_FLOAT, "float32"};
-    case ffi::F64: return {MPI_DOUBLE, "float64"};
-    case ffi::C64: return {MPI_C_FLOAT_COMPLEX, "complex64"};
-    case ffi::C128: return {MPI_C_DOUBLE_COMPLEX, "complex128"};
-    default: return {MPI_DATATYPE_NULL, "unsupported"};
+    case ffi::F16:
+      return {MPI_UINT16_T, "float16"};
+    case ffi::BF16:
+      return {MPI_UINT16_T, "bfloat16"};
+    case ffi::F32:
+      return {MPI_FLOAT, "float32"};
+    case ffi::F64:
+      return {MPI_DOUBLE, "float64"};
+    case ffi::C64:
+      return {MPI_C_FLOAT_COMPLEX, "complex64"};
+    case ffi::C128:
+      return {MPI_C_DOUBLE_COMPLEX, "complex128"};
+    default:
+      return {MPI_DATATYPE_NULL, "unsupported"};
   }
 }
 
@@ -55,8 +71,10 @@ MPI_Op OpOf(int64_t code, const ffi::AnyBuffer& x) {
   if (code < 0 || code >= kNumReductions) return MPI_OP_NULL;
   const auto r = static_cast<Reduction>(code);
   switch (x.element_type()) {
-    case ffi::F16: return CustomOp(r, CustomElement::kHalf);
-    case ffi::BF16: return CustomOp(r, CustomElement::kBfloat16);
+    case ffi::F16:
+      return CustomOp(r, CustomElement::kHalf);
+    case ffi::BF16:
+      return CustomOp(r, CustomElement::kBfloat16);
     case ffi::S8:
     case ffi::U8:
       if (r == Reduction::kSum) return CustomOp(r, CustomElement::kWord8);
@@ -65,7 +83,8 @@ MPI_Op OpOf(int64_t code, const ffi::AnyBuffer& x) {
     case ffi::U16:
       if (r == Reduction::kSum) return CustomOp(r, CustomElement::kWord16);
       return PredefinedOp(r);
-    default: return PredefinedOp(r);
+    default:
+      return PredefinedOp(r);
   }
 }
 
@@ -144,8 +163,8 @@ ffi::Error Reduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, i
 
 ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op) {
   return Run(Describe("scan", x), comm, [&](const Comm& c) {
-    return mpi::Scan(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
-                     OpOf(op, x), c.handle);
+    return mpi::Scan(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), OpOf(op, x),
+                     c.handle);
   });
 }
 
@@ -163,8 +182,8 @@ ffi::Error Gather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, i
   CallInfo info = Describe("gather", x);
   info.root = static_cast<int>(root);
   return Run(info, comm, [&](const Comm& c) {
-    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
-                       info.root, c.handle);
+    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), info.root,
+                       c.handle);
   });
 }
 
@@ -186,8 +205,8 @@ ffi::Error Allgather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm
 
 ffi::Error Alltoall(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
   return Run(Describe("alltoall", x), comm, [&](const Comm& c) {
-    return mpi::Alltoall(x.untyped_data(), y->untyped_data(), x.element_count() / c.size,
-                         TypeOf(x), c.handle);
+    return mpi::Alltoall(x.untyped_data(), y->untyped_data(), x.element_count() / c.size, TypeOf(x),
+                         c.handle);
   });
 }
 
@@ -230,9 +249,8 @@ ffi::Error Sendrecv(ffi::AnyBuffer send, ffi::AnyBuffer recv, ffi::Token, Out y,
   return Run(info, comm, [&](const Comm& c) {
     MPI_Status st;
     const int code = mpi::Sendrecv(send.untyped_data(), send.element_count(), TypeOf(send),
-                                   info.dest, info.send_tag, y->untyped_data(),
-                                   y->element_count(), TypeOf(recv), info.source, info.recv_tag,
-                                   c.handle, &st);
+                                   info.dest, info.send_tag, y->untyped_data(), y->element_count(),
+                                   TypeOf(recv), info.source, info.recv_tag, c.handle, &st);
     if (code == MPI_SUCCESS) FinishReceive(st, *y, status);
     return code;
   });
@@ -266,9 +284,8 @@ XLA_FFI_DEFINE_HANDLER(kSend, Send,
                            .Attr<int64_t>("comm")
                            .Attr<int64_t>("dest")
                            .Attr<int64_t>("tag"));
-XLA_FFI_DEFINE_HANDLER(kRecv, Recv,
-                       Unary().Attr<int64_t>("source").Attr<int64_t>("tag").Attr<int64_t>(
-                           "status"));
+XLA_FFI_DEFINE_HANDLER(
+    kRecv, Recv, Unary().Attr<int64_t>("source").Attr<int64_t>("tag").Attr<int64_t>("status"));
 XLA_FFI_DEFINE_HANDLER(kSendrecv, Sendrecv,
                        ffi::Ffi::Bind()
                            .Arg<ffi::AnyBuffer>()

@@ -38,8 +38,8 @@ void LogCall(const CallInfo& call, int rank, double seconds, int error_code) {
   Append(line, "recvtag", call.recv_tag);
   char tail[128];
   std::snprintf(tail, sizeof tail, " | %lld x %s | %lld B | %.2f us%s\n",
-                static_cast<long long>(call.count), call.dtype,
-                static_cast<long long>(call.bytes), seconds * 1e6, error_code ? " | FAILED" : "");
+                static_cast<long long>(call.count), call.dtype, static_cast<long long>(call.bytes),
+                seconds * 1e6, error_code ? " | FAILED" : "");
   line += tail;
   // One write per line, so lines from different threads never interleave.
   std::fputs(line.c_str(), stderr);

@@ -33,11 +33,15 @@ struct WordCodec {
 
 struct Min {
   template <class T>
-  T operator()(T a, T b) const { return std::min(a, b); }
+  T operator()(T a, T b) const {
+    return std::min(a, b);
+  }
 };
 struct Max {
   template <class T>
-  T operator()(T a, T b) const { return std::max(a, b); }
+  T operator()(T a, T b) const {
+    return std::max(a, b);
+  }
 };
 
 // MPI_User_function: inout[i] = in[i] op inout[i].
@@ -59,11 +63,11 @@ struct CustomOps {
 
   CustomOps() {
     MPI_User_function* half_fns[] = {Apply<HalfCodec, std::plus<>>,
-                                     Apply<HalfCodec, std::multiplies<>>,
-                                     Apply<HalfCodec, Min>, Apply<HalfCodec, Max>};
-    MPI_User_function* bfloat16_fns[] = {
-        Apply<Bfloat16Codec, std::plus<>>, Apply<Bfloat16Codec, std::multiplies<>>,
-        Apply<Bfloat16Codec, Min>, Apply<Bfloat16Codec, Max>};
+                                     Apply<HalfCodec, std::multiplies<>>, Apply<HalfCodec, Min>,
+                                     Apply<HalfCodec, Max>};
+    MPI_User_function* bfloat16_fns[] = {Apply<Bfloat16Codec, std::plus<>>,
+                                         Apply<Bfloat16Codec, std::multiplies<>>,
+                                         Apply<Bfloat16Codec, Min>, Apply<Bfloat16Codec, Max>};
     for (int i = 0; i < kFloatReductions; ++i) {
       half[i] = Create(half_fns[i]);
       bfloat16[i] = Create(bfloat16_fns[i]);
@@ -82,23 +86,33 @@ struct CustomOps {
 }  // namespace
 
 const char* ReductionName(Reduction r) {
-  static constexpr const char* kNames[kNumReductions] = {
-      "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"};
+  static constexpr const char* kNames[kNumReductions] = {"SUM", "PROD", "MIN",  "MAX", "LAND",
+                                                         "LOR", "LXOR", "BAND", "BOR", "BXOR"};
   return kNames[static_cast<int>(r)];
 }
 
 MPI_Op PredefinedOp(Reduction r) {
   switch (r) {
-    case Reduction::kSum: return MPI_SUM;
-    case Reduction::kProd: return MPI_PROD;
-    case Reduction::kMin: return MPI_MIN;
-    case Reduction::kMax: return MPI_MAX;
-    case Reduction::kLand: return MPI_LAND;
-    case Reduction::kLor: return MPI_LOR;
-    case Reduction::kLxor: return MPI_LXOR;
-    case Reduction::kBand: return MPI_BAND;
-    case Reduction::kBor: return MPI_BOR;
-    case Reduction::kBxor: return MPI_BXOR;
+    case Reduction::kSum:
+      return MPI_SUM;
+    case Reduction::kProd:
+      return MPI_PROD;
+    case Reduction::kMin:
+      return MPI_MIN;
+    case Reduction::kMax:
+      return MPI_MAX;
+    case Reduction::kLand:
+      return MPI_LAND;
+    case Reduction::kLor:
+      return MPI_LOR;
+    case Reduction::kLxor:
+      return MPI_LXOR;
+    case Reduction::kBand:
+      return MPI_BAND;
+    case Reduction::kBor:
+      return MPI_BOR;
+    case Reduction::kBxor:
+      return MPI_BXOR;
   }
   return MPI_OP_NULL;
 }
@@ -107,11 +121,14 @@ MPI_Op CustomOp(Reduction r, CustomElement e) {
   static const CustomOps* ops = new CustomOps();  // thread-safe init; never freed
   const int index = static_cast<int>(r);
   switch (e) {
-    case CustomElement::kHalf: return index < kFloatReductions ? ops->half[index] : MPI_OP_NULL;
+    case CustomElement::kHalf:
+      return index < kFloatReductions ? ops->half[index] : MPI_OP_NULL;
     case CustomElement::kBfloat16:
       return index < kFloatReductions ? ops->bfloat16[index] : MPI_OP_NULL;
-    case CustomElement::kWord8: return r == Reduction::kSum ? ops->sum8 : MPI_OP_NULL;
-    case CustomElement::kWord16: return r == Reduction::kSum ? ops->sum16 : MPI_OP_NULL;
+    case CustomElement::kWord8:
+      return r == Reduction::kSum ? ops->sum8 : MPI_OP_NULL;
+    case CustomElement::kWord16:
+      return r == Reduction::kSum ? ops->sum16 : MPI_OP_NULL;
   }
   return MPI_OP_NULL;
 }

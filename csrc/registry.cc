@@ -9,7 +9,8 @@ namespace {
 
 std::mutex mutex;
 std::vector<MPI_Comm>& Comms() {
-  static auto* comms = new std::vector<MPI_Comm>();  // never destroyed: handlers may outlive statics
+  static auto* comms =
+      new std::vector<MPI_Comm>();  // never destroyed: handlers may outlive statics
   return *comms;
 }
 

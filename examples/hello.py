@@ -1,6 +1,6 @@
 """A global sum and a send/recv pair inside one jitted function.
 
-    mpirun -n 2 python examples/hello.py
+mpirun -n 2 python examples/hello.py
 """
 
 import jax

@@ -2,7 +2,8 @@
 # Runs every test, after setting up (scripts/setup.sh --no-example):
 #   1. the C++ core's GoogleTest suite under mpirun at 1, 2 and 3 ranks (ctest);
 #   2. the tests that start their own mpirun (pytest -m launcher);
-#   3. the Python suite under mpirun at 1, 2 and 3 ranks.
+#   3. the Python suite under mpirun at 1, 2 and 3 ranks;
+#   4. ruff (lint and format) on the Python code.
 # Every stage runs; the exit status is non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,7 @@ stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 for n in 1 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
+stage lint bash -c ".venv/bin/ruff check src tests examples && .venv/bin/ruff format --check src tests examples"
 
 echo
 echo "== summary (wall time $((SECONDS - total_start))s)"

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
-from reference import RANK, SIZE
 
 import mpijax
+
+from reference import RANK, SIZE
 
 # Signatures of mpi4jax 0.8 / 0.9 (token-free API).
 MPI4JAX_SIGNATURES = {

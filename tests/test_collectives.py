@@ -3,9 +3,10 @@ references built from every rank's input."""
 
 import numpy as np
 import pytest
-from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, data
 
 import mpijax
+
+from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, data
 
 ROOTS = list(range(SIZE))
 

@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
-from reference import MODES, RANK, SIZE, all_data, assert_equal
 
 import mpijax
 from mpijax._src import comm as mpijax_comm
+
+from reference import MODES, RANK, SIZE, all_data, assert_equal
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE

@@ -7,9 +7,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 from mpi4py import MPI
-from reference import MODES, RANK, SIZE
 
 import mpijax
+
+from reference import MODES, RANK, SIZE
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -84,7 +85,11 @@ def test_op_must_be_a_predefined_reduction(comm, bad):
 @pytest.mark.parametrize("shape", [(), (SIZE + 1, 2), (0,)])
 def test_alltoall_leading_axis(comm, mode, shape):
     raises_everywhere(
-        mode, lambda x: mpijax.alltoall(x, comm=comm), ValueError, r"must have shape \(nproc, \.\.\.\)", jnp.zeros(shape)
+        mode,
+        lambda x: mpijax.alltoall(x, comm=comm),
+        ValueError,
+        r"must have shape \(nproc, \.\.\.\)",
+        jnp.zeros(shape),
     )
 
 

@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
-from reference import MODES, RANK, SIZE, all_data, assert_equal, data
 
 import mpijax
 from mpijax._src.runtime import core
+
+from reference import MODES, RANK, SIZE, all_data, assert_equal, data
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -45,7 +46,9 @@ def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
     )
     assert_equal(run(lambda x: mpijax.bcast(x, root, comm=comm), x), xs[root])
     assert_equal(run(lambda x: mpijax.gather(x, root, comm=comm), x), stack if RANK == root else x)
-    assert_equal(run(lambda x: mpijax.scatter(x, root, comm=comm), blocks[RANK] if RANK == root else x), blocks[root][RANK])
+    assert_equal(
+        run(lambda x: mpijax.scatter(x, root, comm=comm), blocks[RANK] if RANK == root else x), blocks[root][RANK]
+    )
     assert_equal(run(lambda x: mpijax.allgather(x, comm=comm), x), stack)
     assert_equal(run(lambda b: mpijax.alltoall(b, comm=comm), blocks[RANK]), np.stack([b[RANK] for b in blocks]))
     assert_equal(run(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), x), xs[PREV])

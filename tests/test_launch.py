@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+
 from reference import SIZE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

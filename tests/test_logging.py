@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 from mpi4py import MPI
-from reference import RANK, SIZE
 
 import mpijax
 from mpijax._src.runtime import core
+
+from reference import RANK, SIZE
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -45,11 +46,12 @@ def test_one_line_per_call_with_every_field(comm, log):
     number = r"\d+\.\d+ us"
     expected = [
         rf"mpijax r{RANK} \| allreduce \| 5 x float32 \| 20 B \| {number}",
-        rf"mpijax r{RANK} \| sendrecv \| dest {NEXT} \| source {PREV} \| sendtag 4 \| recvtag 4 \| 5 x float32 \| 20 B \| {number}",
+        rf"mpijax r{RANK} \| sendrecv \| dest {NEXT} \| source {PREV} \| sendtag 4 \| recvtag 4 "
+        rf"\| 5 x float32 \| 20 B \| {number}",
         rf"mpijax r{RANK} \| bcast \| root {SIZE - 1} \| 2 x float32 \| 8 B \| {number}",
         rf"mpijax r{RANK} \| barrier \| 0 x - \| 0 B \| {number}",
     ]
-    for line, pattern in zip(lines, expected * 2):
+    for line, pattern in zip(lines, expected * 2, strict=True):
         assert re.fullmatch(pattern, line), (line, pattern)
 
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from jax import lax
 from mpi4py import MPI
-from reference import RANK, SIZE, big_vector
 
 import mpijax
 from mpijax._src.runtime import core
+
+from reference import RANK, SIZE, big_vector
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -57,7 +58,7 @@ def test_token_chain_links_every_call(comm):
     calls = mpi_calls(text)
     assert [c[0] for c in calls] == ["mpijax_allreduce", "mpijax_send", "mpijax_recv", "mpijax_barrier"]
     assert calls[0][1][-1] == "%arg0"  # the entry token
-    for (_, _, previous), (_, operands, _) in zip(calls, calls[1:]):
+    for (_, _, previous), (_, operands, _) in zip(calls[:-1], calls[1:], strict=True):
         assert operands[-1] == token_result(previous), (previous, operands)
 
 

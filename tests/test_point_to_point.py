@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
-from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
 
 import mpijax
+
+from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE

@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
-from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector, np_dtype
 
 import mpijax
+
+from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector, np_dtype
 
 FOLDS = {
     "SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum,

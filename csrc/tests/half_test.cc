@@ -26,9 +26,9 @@ TEST(Half, EveryValueRoundTrips) {
 TEST(Half, KnownValues) {
   EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
   EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);             // largest finite
-  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);             // rounds down to it
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);             // ties to even: infinity
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);  // largest finite
+  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);  // rounds down to it
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // ties to even: infinity
   EXPECT_EQ(FloatToHalf(1e9f), 0x7c00);
   EXPECT_EQ(FloatToHalf(-INFINITY), 0xfc00);
   EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal

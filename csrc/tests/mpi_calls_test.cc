@@ -96,8 +96,8 @@ TEST_P(MpiCalls, Reductions) {
   EXPECT_EQ(in_place, prefix);
 
   in_place = Data(rank_, n);
-  ASSERT_EQ(Reduce(in_place.data(), rank_ == root ? in_place.data() : nullptr, n, MPI_INT,
-                   MPI_SUM, root, MPI_COMM_WORLD),
+  ASSERT_EQ(Reduce(in_place.data(), rank_ == root ? in_place.data() : nullptr, n, MPI_INT, MPI_SUM,
+                   root, MPI_COMM_WORLD),
             MPI_SUCCESS);
   EXPECT_EQ(in_place, rank_ == root ? sum : Data(rank_, n));
 }
@@ -107,8 +107,8 @@ TEST_P(MpiCalls, SendrecvRing) {
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
   std::vector<int> out(n + 2, -1);
   MPI_Status status;
-  ASSERT_EQ(Sendrecv(Data(rank_, n).data(), n, MPI_INT, next, 5, out.data(), n + 2, MPI_INT,
-                     prev, 5, MPI_COMM_WORLD, &status),
+  ASSERT_EQ(Sendrecv(Data(rank_, n).data(), n, MPI_INT, next, 5, out.data(), n + 2, MPI_INT, prev,
+                     5, MPI_COMM_WORLD, &status),
             MPI_SUCCESS);
   out.resize(n);
   EXPECT_EQ(out, Data(prev, n));

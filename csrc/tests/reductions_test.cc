@@ -41,7 +41,8 @@ TEST(CustomOp, HalfArithmeticRoundsEachResult) {
     }
   }
   // 2049 is not a half: 2048 + 1 rounds back to 2048; 65504 + 65504 overflows.
-  const auto sum = ReduceLocal(ha, hb, MPI_UINT16_T, CustomOp(Reduction::kSum, CustomElement::kHalf));
+  const auto sum =
+      ReduceLocal(ha, hb, MPI_UINT16_T, CustomOp(Reduction::kSum, CustomElement::kHalf));
   EXPECT_EQ(HalfToFloat(sum[2]), 2048.0f);
   EXPECT_TRUE(std::isinf(HalfToFloat(sum[4])));
 }
@@ -49,7 +50,8 @@ TEST(CustomOp, HalfArithmeticRoundsEachResult) {
 TEST(CustomOp, Bfloat16Sum) {
   const std::vector<uint16_t> a = {FloatToBfloat16(1.0f), FloatToBfloat16(256.0f)};
   const std::vector<uint16_t> b = {FloatToBfloat16(2.0f), FloatToBfloat16(1.0f)};
-  const auto got = ReduceLocal(a, b, MPI_UINT16_T, CustomOp(Reduction::kSum, CustomElement::kBfloat16));
+  const auto got =
+      ReduceLocal(a, b, MPI_UINT16_T, CustomOp(Reduction::kSum, CustomElement::kBfloat16));
   EXPECT_EQ(Bfloat16ToFloat(got[0]), 3.0f);
   EXPECT_EQ(Bfloat16ToFloat(got[1]), 256.0f);  // 257 has no bfloat16: ties to even
 }
@@ -60,9 +62,8 @@ TEST(CustomOp, SmallIntegerSumsWrapAtEveryLength) {
                                 MPI_INT8_T, CustomOp(Reduction::kSum, CustomElement::kWord8));
     const auto u8 = ReduceLocal(std::vector<uint8_t>(n, 200), std::vector<uint8_t>(n, 200),
                                 MPI_UINT8_T, CustomOp(Reduction::kSum, CustomElement::kWord8));
-    const auto s16 =
-        ReduceLocal(std::vector<int16_t>(n, 20000), std::vector<int16_t>(n, 20000), MPI_INT16_T,
-                    CustomOp(Reduction::kSum, CustomElement::kWord16));
+    const auto s16 = ReduceLocal(std::vector<int16_t>(n, 20000), std::vector<int16_t>(n, 20000),
+                                 MPI_INT16_T, CustomOp(Reduction::kSum, CustomElement::kWord16));
     for (int i = 0; i < n; ++i) {
       EXPECT_EQ(s8[i], -56) << n;
       EXPECT_EQ(u8[i], 144) << n;

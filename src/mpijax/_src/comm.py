@@ -33,8 +33,7 @@ def resolve(comm, op):
         comm = default_comm()
     if not isinstance(comm, MPI.Comm):
         raise TypeError(
-            f"mpijax.{op}: comm must be an mpi4py communicator (mpi4py.MPI.Comm), "
-            f"got {type(comm).__name__}"
+            f"mpijax.{op}: comm must be an mpi4py communicator (mpi4py.MPI.Comm), got {type(comm).__name__}"
         )
     if comm == MPI.COMM_NULL:
         raise ValueError(f"mpijax.{op}: comm is MPI.COMM_NULL")

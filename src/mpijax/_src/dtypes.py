@@ -39,7 +39,9 @@ def _defined_reductions(dtype):
 def check_dtype(dtype, op, arg="x"):
     if np.dtype(dtype) not in SUPPORTED:
         names = ", ".join(d.name for d in SUPPORTED)
-        raise TypeError(f"mpijax.{op}: {arg} has dtype {np.dtype(dtype).name}, which is not supported; supported dtypes: {names}")
+        raise TypeError(
+            f"mpijax.{op}: {arg} has dtype {np.dtype(dtype).name}, which is not supported; supported dtypes: {names}"
+        )
 
 
 def reduction_code(reduction, dtype, op):

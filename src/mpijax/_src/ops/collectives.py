@@ -34,12 +34,15 @@ def _leading_axis(x, comm, message):
         raise ValueError(f"{message} must have shape (nproc, ...) with nproc={comm.size}; got shape {x.shape}")
 
 
+def _rooted(name, x, root, comm):
+    comm = _comm.resolve(comm, name)
+    return dtypes.array(x, name), validation.rank(root, "root", comm, name), comm
+
+
 def bcast(x, root, *, comm=None):
     """Broadcast `x` from `root`. Off the root, `x` only gives the shape and
     dtype of the result; on the root, `x` is returned."""
-    comm = _comm.resolve(comm, "bcast")
-    x = dtypes.array(x, "bcast")
-    root = validation.rank(root, "root", comm, "bcast")
+    x, root, comm = _rooted("bcast", x, root, comm)
     y = bcast_p.bind(x, comm=comm.id, root=root)[0]
     return x if comm.rank == root else y
 
@@ -47,9 +50,7 @@ def bcast(x, root, *, comm=None):
 def gather(x, root, *, comm=None):
     """Stack every rank's `x` on `root` (shape (nproc, *x.shape)). Off the
     root, `x` is returned unchanged."""
-    comm = _comm.resolve(comm, "gather")
-    x = dtypes.array(x, "gather")
-    root = validation.rank(root, "root", comm, "gather")
+    x, root, comm = _rooted("gather", x, root, comm)
     y = gather_p.bind(x, comm=comm.id, root=root)[0]
     return y if comm.rank == root else x
 
@@ -57,9 +58,7 @@ def gather(x, root, *, comm=None):
 def scatter(x, root, *, comm=None):
     """Send slice i of the root's `x` (shape (nproc, ...)) to rank i. Off the
     root, `x` only gives the shape and dtype of the result."""
-    comm = _comm.resolve(comm, "scatter")
-    x = dtypes.array(x, "scatter")
-    root = validation.rank(root, "root", comm, "scatter")
+    x, root, comm = _rooted("scatter", x, root, comm)
     if comm.rank == root:
         _leading_axis(x, comm, "mpijax.scatter: Scatter input on the root")
     return scatter_p.bind(x, comm=comm.id, root=root)[0]
