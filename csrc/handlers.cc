@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "log.h"
 #include "mpi_calls.h"
@@ -141,6 +142,24 @@ void FinishReceive(const MPI_Status& status, ffi::AnyBuffer& out, int64_t status
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
 }
 
+// Makes `out` hold `in`: a no-op where XLA aliased them, as it does for
+// every op that returns its input.
+void CopyIfDistinct(const ffi::AnyBuffer& in, ffi::AnyBuffer& out) {
+  if (in.untyped_data() != out.untyped_data()) {
+    std::memcpy(out.untyped_data(), in.untyped_data(), out.size_bytes());
+  }
+}
+
+// out = in + what `receive(buffer)` puts into a buffer shaped like in.
+template <class Receive>
+int ReceiveAndAdd(const ffi::AnyBuffer& in, ffi::AnyBuffer& out, Receive receive) {
+  std::vector<char> received(in.size_bytes());
+  if (int rc = receive(received.data())) return rc;
+  CopyIfDistinct(in, out);
+  return mpi::Accumulate(received.data(), out.untyped_data(), in.element_count(), TypeOf(in),
+                         OpOf(static_cast<int64_t>(Reduction::kSum), in));
+}
+
 using Out = ffi::Result<ffi::AnyBuffer>;
 using TokenOut = ffi::Result<ffi::Token>;
 
@@ -151,48 +170,85 @@ ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm
   });
 }
 
+// Off the root the output is x itself (aliased), as mpi4jax returns it.
 ffi::Error Reduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op,
                   int64_t root) {
   CallInfo info = Describe("reduce", x);
   info.root = static_cast<int>(root);
   return Run(info, comm, [&](const Comm& c) {
+    if (c.rank != info.root) CopyIfDistinct(x, *y);
     return mpi::Reduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
                        OpOf(op, x), info.root, c.handle);
   });
 }
 
-ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op) {
-  return Run(Describe("scan", x), comm, [&](const Comm& c) {
+// reverse: over the ranks in reverse order (suffix scans, the transpose of a
+// scan). exclusive: MPI_Exscan (Python fills the first rank's result).
+ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op,
+                int64_t reverse, int64_t exclusive) {
+  static constexpr const char* kNames[2][2] = {{"scan", "exscan"},
+                                               {"scan(reverse)", "exscan(reverse)"}};
+  return Run(Describe(kNames[reverse != 0][exclusive != 0], x), comm, [&](const Comm& c) {
+    MPI_Comm target = c.handle;
+    if (reverse) {
+      if (int rc = ReversedComm(comm, &target)) return rc;
+    }
     return mpi::Scan(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), OpOf(op, x),
-                     c.handle);
+                     exclusive != 0, target);
   });
 }
 
-// The root sends from x (and returns x from Python); the others receive into y.
-ffi::Error Bcast(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root) {
+// The root sends x and returns it (aliased). accumulate: the others add what
+// they receive to their x (the adjoint of reduce); else x only gives the shape.
+ffi::Error Bcast(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
+                 int64_t accumulate) {
   CallInfo info = Describe("bcast", x);
   info.root = static_cast<int>(root);
   return Run(info, comm, [&](const Comm& c) {
-    void* buf = c.rank == info.root ? x.untyped_data() : y->untyped_data();
-    return mpi::Bcast(buf, x.element_count(), TypeOf(x), info.root, c.handle);
+    const int64_t n = x.element_count();
+    if (c.rank == info.root) {
+      CopyIfDistinct(x, *y);
+      return mpi::Bcast(y->untyped_data(), n, TypeOf(x), info.root, c.handle);
+    }
+    if (!accumulate) return mpi::Bcast(y->untyped_data(), n, TypeOf(x), info.root, c.handle);
+    return ReceiveAndAdd(x, *y, [&](void* buf) {
+      return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle);
+    });
   });
 }
 
-ffi::Error Gather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root) {
+// Off the root the output is x itself (aliased), as mpi4jax returns it, or
+// zeros with identity=0 (the adjoint of scatter).
+ffi::Error Gather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
+                  int64_t identity) {
   CallInfo info = Describe("gather", x);
   info.root = static_cast<int>(root);
   return Run(info, comm, [&](const Comm& c) {
-    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), info.root,
-                       c.handle);
+    if (c.rank != info.root) {
+      if (identity) {
+        CopyIfDistinct(x, *y);
+      } else {
+        std::memset(y->untyped_data(), 0, y->size_bytes());
+      }
+    }
+    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
+                       info.root, c.handle);
   });
 }
 
-ffi::Error Scatter(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root) {
+// Off the root x only gives the shape, or with accumulate the others add
+// what they receive to their x (the adjoint of gather).
+ffi::Error Scatter(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
+                   int64_t accumulate) {
   CallInfo info = Describe("scatter", *y);
   info.root = static_cast<int>(root);
   return Run(info, comm, [&](const Comm& c) {
-    return mpi::Scatter(x.untyped_data(), y->untyped_data(), y->element_count(), TypeOf(x),
-                        info.root, c.handle);
+    const int64_t n = y->element_count();
+    auto scatter = [&](void* buf) {
+      return mpi::Scatter(x.untyped_data(), buf, n, TypeOf(x), info.root, c.handle);
+    };
+    if (c.rank == info.root || !accumulate) return scatter(y->untyped_data());
+    return ReceiveAndAdd(x, *y, scatter);
   });
 }
 
@@ -268,10 +324,12 @@ auto Unary() {
 
 XLA_FFI_DEFINE_HANDLER(kAllreduce, Allreduce, Unary().Attr<int64_t>("op"));
 XLA_FFI_DEFINE_HANDLER(kReduce, Reduce, Unary().Attr<int64_t>("op").Attr<int64_t>("root"));
-XLA_FFI_DEFINE_HANDLER(kScan, Scan, Unary().Attr<int64_t>("op"));
-XLA_FFI_DEFINE_HANDLER(kBcast, Bcast, Unary().Attr<int64_t>("root"));
-XLA_FFI_DEFINE_HANDLER(kGather, Gather, Unary().Attr<int64_t>("root"));
-XLA_FFI_DEFINE_HANDLER(kScatter, Scatter, Unary().Attr<int64_t>("root"));
+XLA_FFI_DEFINE_HANDLER(
+    kScan, Scan, Unary().Attr<int64_t>("op").Attr<int64_t>("reverse").Attr<int64_t>("exclusive"));
+XLA_FFI_DEFINE_HANDLER(kBcast, Bcast, Unary().Attr<int64_t>("root").Attr<int64_t>("accumulate"));
+XLA_FFI_DEFINE_HANDLER(kGather, Gather, Unary().Attr<int64_t>("root").Attr<int64_t>("identity"));
+XLA_FFI_DEFINE_HANDLER(kScatter, Scatter,
+                       Unary().Attr<int64_t>("root").Attr<int64_t>("accumulate"));
 XLA_FFI_DEFINE_HANDLER(kAllgather, Allgather, Unary());
 XLA_FFI_DEFINE_HANDLER(kAlltoall, Alltoall, Unary());
 XLA_FFI_DEFINE_HANDLER(kBarrier, Barrier,

@@ -165,9 +165,17 @@ int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op o
                  });
 }
 
-int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op) {
+  return Chunked(in, inout, count, type, op, [&](const void* src, void* dst, int n) {
+    return MPI_Reduce_local(src, dst, n, type, op);
+  });
+}
+
+int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, bool exclusive,
+         MPI_Comm comm) {
   return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {
-    return MPI_Scan(src, dst, n, type, op, comm);
+    return exclusive ? MPI_Exscan(src, dst, n, type, op, comm)
+                     : MPI_Scan(src, dst, n, type, op, comm);
   });
 }
 

@@ -55,6 +55,11 @@ int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_O
               MPI_Comm comm);
 int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, int root,
            MPI_Comm comm);
-int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, MPI_Comm comm);
+// exclusive: MPI_Exscan, which leaves `out` on the first rank undefined.
+// inout = in + inout (MPI_Reduce_local with `op`, chunked).
+int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op);
+
+int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, bool exclusive,
+         MPI_Comm comm);
 
 }  // namespace mpijax::mpi

@@ -91,9 +91,16 @@ TEST_P(MpiCalls, Reductions) {
   EXPECT_EQ(in_place, sum);
 
   in_place = Data(rank_, n);
-  ASSERT_EQ(Scan(in_place.data(), in_place.data(), n, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+  ASSERT_EQ(Scan(in_place.data(), in_place.data(), n, MPI_INT, MPI_SUM, false, MPI_COMM_WORLD),
             MPI_SUCCESS);
   EXPECT_EQ(in_place, prefix);
+
+  out.assign(n, -1);
+  ASSERT_EQ(Scan(Data(rank_, n).data(), out.data(), n, MPI_INT, MPI_SUM, true, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  if (rank_ > 0) {  // MPI leaves the first rank's result undefined
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], prefix[i] - Data(rank_, n)[i]);
+  }
 
   in_place = Data(rank_, n);
   ASSERT_EQ(Reduce(in_place.data(), rank_ == root ? in_place.data() : nullptr, n, MPI_INT, MPI_SUM,

@@ -36,6 +36,10 @@ def _defined_reductions(dtype):
     return _ARITHMETIC  # complex
 
 
+def reduction_name(code):
+    return next(name for name, c in REDUCTIONS.items() if c == code)
+
+
 def check_dtype(dtype, op, arg="x"):
     if np.dtype(dtype) not in SUPPORTED:
         names = ", ".join(d.name for d in SUPPORTED)

@@ -1,10 +1,12 @@
-"""One factory for every MPI primitive: the ordered effect, abstract
-evaluation, eager evaluation and the FFI lowering that threads the token."""
+"""The primitive factories: one ordered effect, abstract evaluation, eager
+evaluation and the FFI lowering that threads the token; plus the helpers that
+the autodiff and vmap rules of every op share."""
 
 from functools import partial
 
 import jax
-from jax.interpreters import mlir
+import jax.numpy as jnp
+from jax.interpreters import ad, mlir
 
 from . import jax_compat
 from .runtime import core  # noqa: F401  (registers the FFI targets)
@@ -21,19 +23,29 @@ mpi_effect = MpiEffect()
 jax_compat.register_ordered_effect(MpiEffect)
 
 
+class MpiPrimitive(jax_compat.Primitive):
+    """A primitive that makes MPI calls. Under differentiation its operands
+    are first aligned with the transformation, so that every rank makes the
+    same calls whatever its own operands depend on."""
+
+    def bind(self, *args, **params):
+        return super().bind(*jax_compat.align_with_transformation(args), **params)
+
+
 def _no_aliases(*avals, **params):
     return None
 
 
-def mpi_primitive(name, outputs, aliases=_no_aliases):
+def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None):
     """A primitive for the FFI target ``mpijax_<name>``.
 
     outputs(*avals, **params) -> list of output avals (the token is added here).
     aliases(*avals, **params) -> {operand index: output index} that XLA should
     alias, so the handler can work in place, or None.
-    Every param is an int passed to the handler as an attribute of that name.
+    attributes: the params passed to the handler, as int64 attributes of the
+    same name (default: all); the others only steer the Python rules.
     """
-    prim = jax_compat.Primitive(f"mpijax_{name}")
+    prim = MpiPrimitive(f"mpijax_{name}")
     prim.multiple_results = True
     prim.def_impl(partial(jax_compat.apply_primitive, prim))
     prim.def_effectful_abstract_eval(lambda *avals, **params: (outputs(*avals, **params), {mpi_effect}))
@@ -49,9 +61,44 @@ def mpi_primitive(name, outputs, aliases=_no_aliases):
             avals_in=[*ctx.avals_in, jax_compat.abstract_token],
             avals_out=[*ctx.avals_out, jax_compat.abstract_token],
         )
-        *results, token = rule(with_token, *operands, token, **params)
+        attrs = {k: v for k, v in params.items() if attributes is None or k in attributes}
+        *results, token = rule(with_token, *operands, token, **attrs)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
         return results
 
     mlir.register_lowering(prim, lower, platform="cpu")
     return prim
+
+
+def local_primitive(name, impl):
+    """A pure, communication-free primitive computed by `impl(x, **params)`
+    (jnp code): the adjoints of the ops whose results are replicated."""
+    prim = jax_compat.Primitive(f"mpijax_{name}")
+    prim.def_impl(impl)
+
+    def abstract(x, **params):
+        out = jax.eval_shape(partial(impl, **params), x)
+        return jax.core.ShapedArray(out.shape, out.dtype)
+
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
+    return prim
+
+
+def linear_jvp(prim):
+    """The JVP of a linear primitive: the same call on the tangents."""
+
+    def jvp(primals, tangents, **params):
+        return prim.bind(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **params)
+
+    return jvp
+
+
+def batch_operands(args, dims, axes):
+    """Put each operand's batch axis at position axes[i] (broadcasting any
+    unbatched operand): every rank then lays out its messages alike."""
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    return [
+        jnp.moveaxis(a, d, axis) if d is not None else jnp.expand_dims(a, axis).repeat(size, axis)
+        for a, d, axis in zip(args, dims, axes, strict=True)
+    ]

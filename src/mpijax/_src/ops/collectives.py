@@ -1,9 +1,11 @@
 """bcast, gather, scatter, allgather, alltoall, barrier: data movement
 between all ranks of a communicator."""
 
+from jax.interpreters import ad, batching
+
 from .. import comm as _comm
 from .. import dtypes, validation
-from ..primitive import mpi_primitive
+from ..primitive import batch_operands, linear_jvp, mpi_primitive
 
 
 def _rank(params):
@@ -14,16 +16,33 @@ def _size(params):
     return _comm.info(params["comm"]).size
 
 
-def _empty(x):
-    return x.update(shape=(0,))
+def _is_root(params):
+    return _rank(params) == params["root"]
 
 
-# A rank that has nothing to return gets an empty placeholder output.
-bcast_p = mpi_primitive("bcast", lambda x, **p: [_empty(x) if _rank(p) == p["root"] else x])
-gather_p = mpi_primitive(
-    "gather", lambda x, **p: [x.update(shape=(_size(p), *x.shape)) if _rank(p) == p["root"] else _empty(x)]
+# Each primitive is a linear map with a real output on every rank, so that
+# its transpose, and the transpose of that, are calls on every rank too.
+# bcast: the root returns x; the others what they receive, plus their own x
+# with accumulate=1 (the adjoint of reduce).
+bcast_p = mpi_primitive(
+    "bcast",
+    lambda x, **p: [x],
+    lambda x, **p: {0: 0} if _is_root(p) or p["accumulate"] else None,
 )
-scatter_p = mpi_primitive("scatter", lambda x, **p: [x.update(shape=x.shape[1:]) if _rank(p) == p["root"] else x])
+# gather: off the root, x (identity=1, what mpi4jax returns) or zeros
+# (identity=0, the adjoint of scatter).
+gather_p = mpi_primitive(
+    "gather",
+    lambda x, **p: [x.update(shape=(_size(p), *x.shape)) if _is_root(p) else x],
+    lambda x, **p: {0: 0} if not _is_root(p) and p["identity"] else None,
+)
+# scatter: off the root, x gives the shape, or is added to what is received
+# with accumulate=1 (the adjoint of gather).
+scatter_p = mpi_primitive(
+    "scatter",
+    lambda x, **p: [x.update(shape=x.shape[1:]) if _is_root(p) else x],
+    lambda x, **p: {0: 0} if not _is_root(p) and p["accumulate"] else None,
+)
 allgather_p = mpi_primitive("allgather", lambda x, **p: [x.update(shape=(_size(p), *x.shape))])
 alltoall_p = mpi_primitive("alltoall", lambda x, **p: [x])
 barrier_p = mpi_primitive("barrier", lambda **p: [])
@@ -43,16 +62,14 @@ def bcast(x, root, *, comm=None):
     """Broadcast `x` from `root`. Off the root, `x` only gives the shape and
     dtype of the result; on the root, `x` is returned."""
     x, root, comm = _rooted("bcast", x, root, comm)
-    y = bcast_p.bind(x, comm=comm.id, root=root)[0]
-    return x if comm.rank == root else y
+    return bcast_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
 
 
 def gather(x, root, *, comm=None):
     """Stack every rank's `x` on `root` (shape (nproc, *x.shape)). Off the
     root, `x` is returned unchanged."""
     x, root, comm = _rooted("gather", x, root, comm)
-    y = gather_p.bind(x, comm=comm.id, root=root)[0]
-    return y if comm.rank == root else x
+    return gather_p.bind(x, comm=comm.id, root=root, identity=1)[0]
 
 
 def scatter(x, root, *, comm=None):
@@ -61,7 +78,7 @@ def scatter(x, root, *, comm=None):
     x, root, comm = _rooted("scatter", x, root, comm)
     if comm.rank == root:
         _leading_axis(x, comm, "mpijax.scatter: Scatter input on the root")
-    return scatter_p.bind(x, comm=comm.id, root=root)[0]
+    return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
 
 
 def allgather(x, *, comm=None):
@@ -84,3 +101,29 @@ def barrier(*, comm=None):
     """Block until every rank of `comm` has reached the barrier."""
     comm = _comm.resolve(comm, "barrier")
     barrier_p.bind(comm=comm.id)
+
+
+for _prim in (bcast_p, gather_p, scatter_p, allgather_p, alltoall_p):
+    ad.primitive_jvps[_prim] = linear_jvp(_prim)
+
+
+# vmap: one call on the batch. The batch axis goes right after the rank axis
+# of stacked arrays (gather/allgather results, scatter/alltoall inputs) and
+# first everywhere else, so all ranks lay out their messages alike.
+def _batcher(prim, operand_axis, output_axis):
+    def rule(args, dims, **params):
+        (x,) = batch_operands(args, dims, [operand_axis(params)])
+        return prim.bind(x, **params), [output_axis(params)]
+
+    return rule
+
+
+def _stacked_here(params):
+    return 1 if _is_root(params) else 0
+
+
+batching.primitive_batchers[bcast_p] = _batcher(bcast_p, lambda p: 0, lambda p: 0)
+batching.primitive_batchers[gather_p] = _batcher(gather_p, lambda p: 0, _stacked_here)
+batching.primitive_batchers[scatter_p] = _batcher(scatter_p, _stacked_here, lambda p: 0)
+batching.primitive_batchers[allgather_p] = _batcher(allgather_p, lambda p: 0, lambda p: 1)
+batching.primitive_batchers[alltoall_p] = _batcher(alltoall_p, lambda p: 1, lambda p: 1)

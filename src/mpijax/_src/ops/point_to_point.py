@@ -1,10 +1,11 @@
 """send, recv, sendrecv: messages between two ranks."""
 
+from jax.interpreters import ad, batching
 from mpi4py import MPI
 
 from .. import comm as _comm
 from .. import dtypes, validation
-from ..primitive import mpi_primitive
+from ..primitive import batch_operands, mpi_primitive
 
 send_p = mpi_primitive("send", lambda x, **p: [])
 recv_p = mpi_primitive("recv", lambda x, **p: [x])
@@ -69,3 +70,35 @@ def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, 
         status=_status_address(status, "sendrecv"),
     )
     return sendrecv_p.bind(sendbuf, recvbuf, **params)[0]
+
+
+def _jvp(prim):
+    """Linear: the tangents travel the same way, in a second message that the
+    status does not describe."""
+
+    def jvp(primals, tangents, **params):
+        if params.get("source") == MPI.ANY_SOURCE:
+            raise NotImplementedError(
+                f"mpijax.{prim.name[len('mpijax_') :]}: cannot differentiate a receive from "
+                "MPI.ANY_SOURCE (the tangent must come from the same rank as the value); "
+                "pass the source rank"
+            )
+        tangent_params = {**params, "status": 0} if "status" in params else params
+        return prim.bind(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **tangent_params)
+
+    return jvp
+
+
+def _batcher(prim):
+    """One message carries the whole batch, batch axis first."""
+
+    def rule(args, dims, **params):
+        outs = prim.bind(*batch_operands(args, dims, [0] * len(args)), **params)
+        return outs, [0] * len(outs)
+
+    return rule
+
+
+for _prim in (send_p, recv_p, sendrecv_p):
+    ad.primitive_jvps[_prim] = _jvp(_prim)
+    batching.primitive_batchers[_prim] = _batcher(_prim)

@@ -1,8 +1,13 @@
 """allreduce, reduce, scan: element-wise reductions across ranks."""
 
+import jax.numpy as jnp
+from jax.interpreters import ad, batching
+
 from .. import comm as _comm
 from .. import dtypes, validation
-from ..primitive import mpi_primitive
+from ..primitive import batch_operands, linear_jvp, mpi_primitive
+
+SUM, PROD, MIN, MAX = (dtypes.REDUCTIONS[name] for name in ("SUM", "PROD", "MIN", "MAX"))
 
 
 def _same(x, **params):
@@ -13,18 +18,11 @@ def _in_place(x, **params):
     return {0: 0}
 
 
-def _is_root(params):
-    return _comm.info(params["comm"]).rank == params["root"]
-
-
-# Off the root, reduce has nothing to return: its output is an empty placeholder.
 allreduce_p = mpi_primitive("allreduce", _same, _in_place)
+# Off the root, reduce returns x (what mpi4jax returns), in place.
+reduce_p = mpi_primitive("reduce", _same, _in_place)
+# reverse: over the ranks in reverse order (suffix); exclusive: MPI_Exscan.
 scan_p = mpi_primitive("scan", _same, _in_place)
-reduce_p = mpi_primitive(
-    "reduce",
-    lambda x, **p: [x if _is_root(p) else x.update(shape=(0,))],
-    lambda x, **p: {0: 0} if _is_root(p) else None,
-)
 
 
 def _prepare(x, op, comm, name):
@@ -45,11 +43,89 @@ def reduce(x, op, root, *, comm=None):
     is returned unchanged."""
     x, comm, code = _prepare(x, op, comm, "reduce")
     root = validation.rank(root, "root", comm, "reduce")
-    y = reduce_p.bind(x, comm=comm.id, op=code, root=root)[0]
-    return y if comm.rank == root else x
+    return reduce_p.bind(x, comm=comm.id, op=code, root=root)[0]
 
 
 def scan(x, op, *, comm=None):
     """Inclusive prefix reduction: rank r gets op(x_0, ..., x_r)."""
     x, comm, code = _prepare(x, op, comm, "scan")
-    return scan_p.bind(x, comm=comm.id, op=code)[0]
+    return scan_p.bind(x, comm=comm.id, op=code, reverse=0, exclusive=0)[0]
+
+
+def exclusive_scan(x, comm, op, reverse):
+    """op over the ranks before this one (after it, if reverse): the identity
+    on the first rank, where MPI_Exscan defines nothing. SUM and PROD only."""
+    (y,) = scan_p.bind(x, comm=comm, op=op, reverse=int(reverse), exclusive=1)
+    info = _comm.info(comm)
+    first = info.size - 1 if reverse else 0
+    return jnp.full_like(x, 1 if op == PROD else 0) if info.rank == first else y
+
+
+# Derivatives. Linear for SUM. For MIN, MAX and PROD the tangent of the
+# reduction is sum over ranks of w * dx, with weights w from the primal values.
+
+
+def _weights(x, y, comm, op):
+    """w for MIN/MAX (where y, the reduction, is known on every rank) and PROD."""
+    if op in (MIN, MAX):
+        # The derivative follows the arg max; ranks that tie share it equally.
+        hit = (x == y).astype(x.dtype)
+        return hit / allreduce_p.bind(hit, comm=comm, op=SUM)[0]
+    if op == PROD:
+        # The product of every other rank's value: exact where some are zero.
+        return exclusive_scan(x, comm, PROD, False) * exclusive_scan(x, comm, PROD, True)
+    raise TypeError(f"mpijax: reductions with {dtypes.reduction_name(op)} are not differentiable")
+
+
+def _allreduce_jvp(primals, tangents, *, comm, op):
+    if op == SUM:
+        return linear_jvp(allreduce_p)(primals, tangents, comm=comm, op=op)
+    (x,), (t,) = primals, tangents
+    y = allreduce_p.bind(x, comm=comm, op=op)
+    w = _weights(x, y[0], comm, op)
+    return y, allreduce_p.bind(w * ad.instantiate_zeros(t), comm=comm, op=SUM)
+
+
+def _reduce_jvp(primals, tangents, *, comm, op, root):
+    if op == SUM:
+        return linear_jvp(reduce_p)(primals, tangents, comm=comm, op=op, root=root)
+    (x,), (t,) = primals, tangents
+    t = ad.instantiate_zeros(t)
+    root_here = _comm.info(comm).rank == root
+    if op == PROD:
+        y, everywhere = reduce_p.bind(x, comm=comm, op=op, root=root), None
+    else:  # MIN and MAX compare with the result on every rank
+        (everywhere,) = allreduce_p.bind(x, comm=comm, op=op)
+        y = [everywhere if root_here else x]
+    # Off the root the result is x, whose tangent is t.
+    w = _weights(x, everywhere, comm, op)
+    (total,) = reduce_p.bind(w * t, comm=comm, op=SUM, root=root)
+    return y, [total if root_here else t]
+
+
+def _scan_jvp(primals, tangents, *, comm, op, reverse, exclusive):
+    if op != SUM:
+        raise NotImplementedError(
+            f"mpijax.scan: derivatives are implemented for op=MPI.SUM only, not "
+            f"MPI.{dtypes.reduction_name(op)} (its derivative needs a segmented scan); "
+            "use jax.lax.stop_gradient if the result need not be differentiated"
+        )
+    return linear_jvp(scan_p)(primals, tangents, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+
+
+ad.primitive_jvps[allreduce_p] = _allreduce_jvp
+ad.primitive_jvps[reduce_p] = _reduce_jvp
+ad.primitive_jvps[scan_p] = _scan_jvp
+
+
+# vmap: element-wise, so the batch axis can go anywhere; at 0 on every rank.
+def _elementwise_batcher(prim):
+    def rule(args, dims, **params):
+        return prim.bind(*batch_operands(args, dims, [0]), **params), [0]
+
+    return rule
+
+
+batching.primitive_batchers[allreduce_p] = _elementwise_batcher(allreduce_p)
+batching.primitive_batchers[scan_p] = _elementwise_batcher(scan_p)
+batching.primitive_batchers[reduce_p] = _elementwise_batcher(reduce_p)
