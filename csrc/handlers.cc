@@ -191,7 +191,7 @@ ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int
   return Run(Describe(kNames[reverse != 0][exclusive != 0], x), comm, [&](const Comm& c) {
     MPI_Comm target = c.handle;
     if (reverse) {
-      if (int rc = ReversedComm(comm, &target)) return rc;
+      if (int rc = ReversedComm(c.handle, &target)) return rc;
     }
     return mpi::Scan(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), OpOf(op, x),
                      exclusive != 0, target);
@@ -211,9 +211,8 @@ ffi::Error Bcast(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, in
       return mpi::Bcast(y->untyped_data(), n, TypeOf(x), info.root, c.handle);
     }
     if (!accumulate) return mpi::Bcast(y->untyped_data(), n, TypeOf(x), info.root, c.handle);
-    return ReceiveAndAdd(x, *y, [&](void* buf) {
-      return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle);
-    });
+    return ReceiveAndAdd(
+        x, *y, [&](void* buf) { return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle); });
   });
 }
 
@@ -231,8 +230,8 @@ ffi::Error Gather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, i
         std::memset(y->untyped_data(), 0, y->size_bytes());
       }
     }
-    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
-                       info.root, c.handle);
+    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), info.root,
+                       c.handle);
   });
 }
 

@@ -7,16 +7,18 @@
 namespace mpijax {
 namespace {
 
-struct Entry {
-  MPI_Comm comm;
-  MPI_Comm reversed = MPI_COMM_NULL;
-};
-
 std::mutex mutex;
 // Never destroyed: handlers may run after static destructors.
-std::vector<Entry>& Comms() {
-  static auto* comms = new std::vector<Entry>();
+std::vector<MPI_Comm>& Comms() {
+  static auto* comms = new std::vector<MPI_Comm>();
   return *comms;
+}
+
+int FreeReversed(MPI_Comm, int, void* attribute, void*) {
+  auto* reversed = static_cast<MPI_Comm*>(attribute);
+  const int rc = MPI_Comm_free(reversed);
+  delete reversed;
+  return rc;
 }
 
 }  // namespace
@@ -26,9 +28,9 @@ int64_t RegisterComm(MPI_Comm comm) {
   std::lock_guard<std::mutex> lock(mutex);
   auto& comms = Comms();
   for (size_t i = 0; i < comms.size(); ++i) {
-    if (comms[i].comm == comm) return static_cast<int64_t>(i);
+    if (comms[i] == comm) return static_cast<int64_t>(i);
   }
-  comms.push_back({comm});
+  comms.push_back(comm);
   return static_cast<int64_t>(comms.size() - 1);
 }
 
@@ -36,27 +38,38 @@ bool LookupComm(int64_t id, MPI_Comm* comm) {
   std::lock_guard<std::mutex> lock(mutex);
   const auto& comms = Comms();
   if (id < 0 || id >= static_cast<int64_t>(comms.size())) return false;
-  *comm = comms[id].comm;
+  *comm = comms[id];
   return true;
 }
 
-int ReversedComm(int64_t id, MPI_Comm* reversed) {
-  MPI_Comm comm;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (id < 0 || id >= static_cast<int64_t>(Comms().size())) return MPI_ERR_COMM;
-    comm = Comms()[id].comm;
-    *reversed = Comms()[id].reversed;
+int ReversedComm(MPI_Comm comm, MPI_Comm* reversed) {
+  static const int keyval = [] {
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, FreeReversed, &key, nullptr);
+    return key;
+  }();
+  if (keyval == MPI_KEYVAL_INVALID) return MPI_ERR_KEYVAL;
+  void* attribute = nullptr;
+  int found = 0;
+  if (int rc = MPI_Comm_get_attr(comm, keyval, &attribute, &found)) return rc;
+  if (found) {
+    *reversed = *static_cast<MPI_Comm*>(attribute);
+    return MPI_SUCCESS;
   }
-  if (*reversed != MPI_COMM_NULL) return MPI_SUCCESS;
-  // Split outside the lock: it waits for the other ranks. Each rank makes one
-  // MPI call at a time, so no other thread creates this entry meanwhile.
   int rank, size;
   if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
   if (int rc = MPI_Comm_size(comm, &size)) return rc;
-  if (int rc = MPI_Comm_split(comm, 0, size - 1 - rank, reversed)) return rc;
-  std::lock_guard<std::mutex> lock(mutex);
-  Comms()[id].reversed = *reversed;
+  auto* made = new MPI_Comm(MPI_COMM_NULL);
+  if (int rc = MPI_Comm_split(comm, 0, size - 1 - rank, made)) {
+    delete made;
+    return rc;
+  }
+  if (int rc = MPI_Comm_set_attr(comm, keyval, made)) {
+    MPI_Comm_free(made);
+    delete made;
+    return rc;
+  }
+  *reversed = *made;
   return MPI_SUCCESS;
 }
 

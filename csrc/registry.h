@@ -16,9 +16,11 @@ int64_t RegisterComm(MPI_Comm comm);
 // False when `id` was never registered.
 bool LookupComm(int64_t id, MPI_Comm* comm);
 
-// The communicator of `id` with its ranks in reverse order, for suffix scans.
-// Created on first use by MPI_Comm_split, which is collective: call it where
-// every rank of the communicator makes the same call. Returns an MPI error code.
-int ReversedComm(int64_t id, MPI_Comm* reversed);
+// `comm` with its ranks in reverse order, for suffix scans. Created on first
+// use by MPI_Comm_split, which is collective: call it where every rank of
+// `comm` makes the same call. Kept as an attribute of `comm` (so it is freed
+// with it, and a later communicator that reuses the handle starts afresh on
+// every rank alike). Returns an MPI error code.
+int ReversedComm(MPI_Comm comm, MPI_Comm* reversed);
 
 }  // namespace mpijax

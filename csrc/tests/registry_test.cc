@@ -21,18 +21,24 @@ TEST(Registry, IdsAreStableAndDistinct) {
   MPI_Comm_free(&dup);
 }
 
-TEST(Registry, ReversedCommunicatorReversesRanksOnce) {
-  const int64_t id = RegisterComm(MPI_COMM_WORLD);
-  MPI_Comm reversed, again;
-  ASSERT_EQ(ReversedComm(id, &reversed), MPI_SUCCESS);
-  ASSERT_EQ(ReversedComm(id, &again), MPI_SUCCESS);
+TEST(Registry, ReversedCommunicatorIsMadeOnceAndFreedWithItsParent) {
+  MPI_Comm dup, reversed, again;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  ASSERT_EQ(ReversedComm(dup, &reversed), MPI_SUCCESS);
+  ASSERT_EQ(ReversedComm(dup, &again), MPI_SUCCESS);
   EXPECT_EQ(reversed, again);
   int rank, size, reversed_rank;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Comm_rank(reversed, &reversed_rank);
   EXPECT_EQ(reversed_rank, size - 1 - rank);
-  EXPECT_EQ(ReversedComm(1 << 30, &again), MPI_ERR_COMM);
+  // A new communicator, even one that reuses the freed handle, gets its own.
+  ASSERT_EQ(MPI_Comm_free(&dup), MPI_SUCCESS);
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  ASSERT_EQ(ReversedComm(dup, &again), MPI_SUCCESS);
+  MPI_Comm_rank(again, &reversed_rank);
+  EXPECT_EQ(reversed_rank, size - 1 - rank);
+  MPI_Comm_free(&dup);
 }
 
 TEST(Registry, UnknownIdsAndNullAreRejected) {

@@ -53,16 +53,20 @@ def align_with_transformation(args):
     return args
 
 
+def batched_if_vmapped(x):
+    """`x` batched along the innermost vmap, if there is one."""
+    trace = _core.trace_ctx.trace
+    return _batched(trace, x) if isinstance(trace, _batching.BatchTrace) else x
+
+
 def transposed_receive_buffer(aval):
     """Zeros to receive a cotangent into, inside a transpose rule: batched
     along the innermost vmap (jacrev), where the peer sends a batched
     cotangent; and, under partial evaluation (linear_transpose of a
     transpose), unknown and linear, so that the receive is staged and
     transposed again like the peer's send, not run on these constants."""
-    x = _zeros(aval)
+    x = batched_if_vmapped(_zeros(aval))
     trace = _core.trace_ctx.trace
-    if isinstance(trace, _batching.BatchTrace):
-        return _batched(trace, x)
     if isinstance(trace, _pe.JaxprTrace):
         return jax.freeze(jax.new_ref(trace.new_instantiated_const(x)))
     return x

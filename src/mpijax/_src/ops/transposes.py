@@ -20,11 +20,9 @@ from .reductions import SUM, allreduce_p, reduce_p, scan_p
 
 
 def _ct(cts):
-    return ad.instantiate_zeros(cts[0] if isinstance(cts, list) else cts)
-
-
-def _zeros(aval):
-    return jnp.zeros(aval.shape, aval.dtype)
+    """The cotangent, instantiated, and batched under vmap (jacrev): it can be
+    a symbolic zero here and batched on the rank it is exchanged with."""
+    return jax_compat.batched_if_vmapped(ad.instantiate_zeros(cts[0] if isinstance(cts, list) else cts))
 
 
 def _rank(comm):
@@ -103,7 +101,7 @@ def _sendrecv(cts, sendbuf, recvbuf, *, comm, source, dest, sendtag, recvtag, st
         )
     (back,) = sendrecv_p.bind(
         _ct(cts),
-        _zeros(sendbuf.aval),
+        jax_compat.transposed_receive_buffer(sendbuf.aval),
         comm=comm,
         source=dest,
         dest=source,

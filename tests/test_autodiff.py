@@ -1,0 +1,435 @@
+"""Derivatives of every op, checked against the global function computed in
+NumPy from every rank's input: JVPs against central finite differences (all
+ranks' inputs perturbed), VJPs and grad through the dot-product test and
+finite differences of a loss, jacfwd/jacrev entry by entry, linear_transpose
+nested three deep, and vmap against a loop.
+
+Convention (docs/autodiff.md): a result every rank holds identically
+(allreduce, allgather, bcast) counts once in the global function; any other
+result is summed over ranks."""
+
+import dataclasses
+import functools
+import zlib
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from mpi4py import MPI
+
+import mpijax
+from mpijax._src.runtime import core
+
+from reference import MODES, RANK, SIZE
+
+WORLD = MPI.COMM_WORLD
+NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+N = 3  # elements per rank
+H = 1e-6  # finite-difference step
+ROOTS = sorted({0, SIZE - 1})
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    call: Callable  # (x, comm) -> this rank's result
+    reference: Callable  # every rank's x -> every rank's result (NumPy)
+    shape: Callable = lambda rank: (N,)  # this rank's input shape
+    replicated: bool = False  # every rank holds the same result
+    linear: bool = True
+    constant_buffer: bool = False  # receives into a constant: not under vmap or linear_transpose
+
+    def __repr__(self):
+        return self.name
+
+
+def call_with(call, comm, x):
+    return call(x, comm)
+
+
+def fold(f, xs):
+    return functools.reduce(f, xs)
+
+
+def ring(x, comm, template=None):
+    template = x if template is None else template
+    if RANK % 2 == 0:
+        mpijax.send(x, NEXT, comm=comm)
+        return mpijax.recv(template, PREV, tag=0, comm=comm)
+    y = mpijax.recv(template, PREV, tag=0, comm=comm)
+    mpijax.send(x, NEXT, comm=comm)
+    return y
+
+
+def _cases():
+    cases = []
+    for op, f in [("SUM", np.add), ("MAX", np.maximum), ("MIN", np.minimum), ("PROD", np.multiply)]:
+        mpi_op = getattr(MPI, op)
+        cases.append(
+            Case(
+                f"allreduce-{op}",
+                lambda x, c, o=mpi_op: mpijax.allreduce(x, o, comm=c),
+                lambda xs, f=f: [fold(f, xs)] * SIZE,
+                replicated=True,
+                linear=op == "SUM",
+            )
+        )
+        for root in ROOTS:
+            cases.append(
+                Case(
+                    f"reduce-{op}-root{root}",
+                    lambda x, c, o=mpi_op, root=root: mpijax.reduce(x, o, root, comm=c),
+                    lambda xs, f=f, root=root: [fold(f, xs) if r == root else xs[r] for r in range(SIZE)],
+                    linear=op == "SUM",
+                )
+            )
+    cases.append(
+        Case(
+            "scan-SUM",
+            lambda x, c: mpijax.scan(x, MPI.SUM, comm=c),
+            lambda xs: [sum(xs[: r + 1]) for r in range(SIZE)],
+        )
+    )
+    for root in ROOTS:
+        cases += [
+            Case(
+                f"bcast-root{root}",
+                lambda x, c, root=root: mpijax.bcast(x, root, comm=c),
+                lambda xs, root=root: [xs[root]] * SIZE,
+                replicated=True,
+            ),
+            Case(
+                f"gather-root{root}",
+                lambda x, c, root=root: mpijax.gather(x, root, comm=c),
+                lambda xs, root=root: [np.stack(xs) if r == root else xs[r] for r in range(SIZE)],
+            ),
+            Case(
+                f"scatter-root{root}",
+                lambda x, c, root=root: mpijax.scatter(x, root, comm=c),
+                lambda xs, root=root: [xs[root][r] for r in range(SIZE)],
+                shape=lambda rank, root=root: (SIZE, N) if rank == root else (N,),
+            ),
+        ]
+    cases += [
+        Case("allgather", lambda x, c: mpijax.allgather(x, comm=c), lambda xs: [np.stack(xs)] * SIZE, replicated=True),
+        Case(
+            "alltoall",
+            lambda x, c: mpijax.alltoall(x, comm=c),
+            lambda xs: [np.stack([xs[s][r] for s in range(SIZE)]) for r in range(SIZE)],
+            shape=lambda rank: (SIZE, N),
+        ),
+        Case(
+            "sendrecv",
+            lambda x, c: mpijax.sendrecv(x, x, PREV, NEXT, comm=c),
+            lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)],
+        ),
+        Case("send-recv", ring, lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)]),
+        # A rank whose operands are all constants still takes part in the
+        # derivative's MPI calls.
+        Case(
+            "bcast-constant-buffer",
+            lambda x, c: mpijax.bcast(x if RANK == 0 else jnp.zeros(N), 0, comm=c),
+            lambda xs: [xs[0]] * SIZE,
+            replicated=True,
+            constant_buffer=True,
+        ),
+        Case(
+            "scatter-constant-buffer",
+            lambda x, c: mpijax.scatter(x if RANK == 0 else jnp.zeros(N), 0, comm=c),
+            lambda xs: [xs[0][r] for r in range(SIZE)],
+            shape=lambda rank: (SIZE, N) if rank == 0 else (N,),
+            constant_buffer=True,
+        ),
+        Case(
+            "recv-constant-buffer",
+            lambda x, c: ring(x, c, template=jnp.zeros(N)),
+            lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)],
+            constant_buffer=True,
+        ),
+    ]
+    return cases
+
+
+CASES = _cases()
+LINEAR = [c for c in CASES if c.linear and not c.constant_buffer]
+VMAPPABLE = [c for c in CASES if not c.constant_buffer]
+# jacfwd vmaps over each rank's input, jacrev over each rank's output: every
+# rank must vmap over the same number of basis vectors.
+SAME_INPUT_SIZE = [c for c in VMAPPABLE if not c.name.startswith("scatter")]
+SAME_OUTPUT_SIZE = [c for c in VMAPPABLE if not c.name.startswith("gather")]
+
+
+def draw(case, what, rank=RANK, shape=None):
+    """Random values, the same on every rank for a given (case, what, rank)."""
+    rng = np.random.default_rng([zlib.crc32(case.name.encode()), zlib.crc32(what.encode()), rank])
+    return rng.uniform(0.5, 2.0, case.shape(rank) if shape is None else shape)
+
+
+def inputs(case, what="x"):
+    return [draw(case, what, r) for r in range(SIZE)]
+
+
+def cotangents(case):
+    """Random cotangents of the result; identical on every rank for a replicated result."""
+    ys = case.reference(inputs(case))
+    return [draw(case, "w", 0 if case.replicated else r, ys[r].shape) for r in range(SIZE)]
+
+
+def fd_tangents(case, xs, vs):
+    """Central differences of the global function along vs, for every rank."""
+    plus = case.reference([x + H * v for x, v in zip(xs, vs, strict=True)])
+    minus = case.reference([x - H * v for x, v in zip(xs, vs, strict=True)])
+    return [(p - m) / (2 * H) for p, m in zip(plus, minus, strict=True)]
+
+
+def global_sum(value):
+    return WORLD.allreduce(float(value))
+
+
+def pairing(case, ws, ys):
+    """The global inner product of cotangents and results: a replicated
+    result counts once."""
+    total = sum(float(np.vdot(w, y)) for w, y in zip(ws, ys, strict=True))
+    return total / SIZE if case.replicated else total
+
+
+def assert_close(actual, expected, rtol=1e-6, atol=1e-8):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_jvp_against_finite_differences(comm, case, mode):
+    xs, vs = inputs(case), inputs(case, "v")
+    y, ydot = MODES[mode](lambda x, v: jax.jvp(lambda x: case.call(x, comm), (x,), (v,)))(xs[RANK], vs[RANK])
+    assert_close(y, case.reference(xs)[RANK], rtol=1e-12)
+    assert_close(ydot, fd_tangents(case, xs, vs)[RANK])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_vjp_dot_product(comm, case, mode):
+    """sum over ranks of <w, J v> == sum over ranks of <J^T w, v>, with J v
+    from finite differences in NumPy, and with J v from mpijax's jvp."""
+    xs, vs, ws = inputs(case), inputs(case, "v"), cotangents(case)
+
+    def vjp_and_jvp(x, v, w):
+        y, pullback = jax.vjp(lambda x: case.call(x, comm), x)
+        _, ydot = jax.jvp(lambda x: case.call(x, comm), (x,), (v,))
+        return pullback(w)[0], ydot
+
+    xbar, ydot = MODES[mode](vjp_and_jvp)(xs[RANK], vs[RANK], ws[RANK])
+    rhs = global_sum(np.vdot(xbar, vs[RANK]))
+    assert rhs == pytest.approx(pairing(case, ws, fd_tangents(case, xs, vs)), rel=1e-6)
+    assert rhs == pytest.approx(global_sum(np.vdot(ws[RANK], ydot)) / (SIZE if case.replicated else 1), rel=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_grad_against_finite_differences(comm, case, mode):
+    """grad of each rank's loss; the global loss sums them (once, if replicated)."""
+    xs, vs = inputs(case), inputs(case, "v")
+
+    def global_loss(xs):
+        return pairing(case, [np.ones(y.shape) for y in case.reference(xs)], [np.sin(y) for y in case.reference(xs)])
+
+    g = MODES[mode](jax.grad(lambda x: jnp.sum(jnp.sin(case.call(x, comm)))))(xs[RANK])
+    fd = (
+        global_loss([x + H * v for x, v in zip(xs, vs, strict=True)])
+        - global_loss([x - H * v for x, v in zip(xs, vs, strict=True)])
+    ) / (2 * H)
+    assert global_sum(np.vdot(g, vs[RANK])) == pytest.approx(fd, rel=1e-6)
+
+
+def _unit(shape, j):
+    e = np.zeros(int(np.prod(shape)))
+    e[j] = 1.0
+    return e.reshape(shape)
+
+
+@pytest.mark.parametrize("case", SAME_INPUT_SIZE, ids=repr)
+def test_jacfwd(comm, case):
+    """Column j: every rank moves its input along basis vector j at once."""
+    xs = inputs(case)
+    jac = np.asarray(jax.jit(jax.jacfwd(lambda x: case.call(x, comm)))(xs[RANK]))
+    size = xs[RANK].size
+    for j in range(size):
+        column = fd_tangents(case, xs, [_unit(x.shape, j) for x in xs])[RANK]
+        assert_close(jac.reshape(-1, size)[:, j], column.reshape(-1))
+
+
+@pytest.mark.parametrize("case", SAME_OUTPUT_SIZE, ids=repr)
+def test_jacrev(comm, case):
+    """Row i: the cotangent of every rank's result is basis vector i at once;
+    entry (i, j) on rank r sums over ranks s the derivative of y_s[i] in x_r[j]
+    (once, if replicated)."""
+    xs = inputs(case)
+    ys = case.reference(xs)
+    jac = np.asarray(jax.jit(jax.jacrev(lambda x: case.call(x, comm)))(xs[RANK]))
+    size = xs[RANK].size
+    for j in range(size):
+        moved = [_unit(x.shape, j) if r == RANK else np.zeros(x.shape) for r, x in enumerate(xs)]
+        dys = fd_tangents(case, xs, moved)
+        for i in range(ys[RANK].size):
+            basis = [_unit(y.shape, i) for y in ys]
+            assert jac.reshape(-1, size)[i, j] == pytest.approx(pairing(case, basis, dys), abs=1e-7)
+
+
+def _transpose(f, example):
+    t = jax.linear_transpose(f, example)
+    return lambda ct: t(ct)[0]
+
+
+@pytest.mark.parametrize("case", LINEAR, ids=repr)
+def test_linear_transpose_three_deep(comm, case):
+    """T(T(T(f))) == T(f) == the VJP."""
+    xs, ws = inputs(case), cotangents(case)
+    f = functools.partial(call_with, case.call, comm)
+    x, w = jnp.asarray(xs[RANK]), jnp.asarray(ws[RANK])
+    once = _transpose(f, x)(w)
+    thrice = _transpose(_transpose(_transpose(f, x), w), x)(w)
+    _, pullback = jax.vjp(f, x)
+    assert_close(once, pullback(w)[0], rtol=1e-12)
+    assert_close(thrice, once, rtol=1e-12)
+    # and T(T(f)) is f
+    assert_close(_transpose(_transpose(f, x), w)(x), f(x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("in_axis,out_axis", [(0, 0), (-1, 0), (0, -1)])
+@pytest.mark.parametrize("case", VMAPPABLE, ids=repr)
+def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capfd):
+    batch = [inputs(case, f"batch{b}") for b in range(4)]
+    stacked = jnp.asarray(np.stack([b[RANK] for b in batch], axis=in_axis))
+    f = functools.partial(call_with, case.call, comm)
+    calls = _count_calls(capfd, lambda: f(jnp.asarray(batch[0][RANK])))
+    vmapped = jax.jit(jax.vmap(f, in_axes=in_axis, out_axes=out_axis))
+    assert _count_calls(capfd, lambda: vmapped(stacked)) == calls  # one call per vmapped call
+    want = np.stack([case.reference(b)[RANK] for b in batch], axis=out_axis)
+    assert_close(vmapped(stacked), want, rtol=1e-12)
+
+
+def _count_calls(capfd, run):
+    core.set_logging(True)
+    try:
+        capfd.readouterr()
+        jax.block_until_ready(run())
+        return capfd.readouterr().err.count("mpijax r")
+    finally:
+        core.set_logging(False)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("allreduce-SUM", "sendrecv", "alltoall")], ids=repr)
+def test_vmap_of_grad_and_grad_of_vmap(comm, case):
+    batch = [inputs(case, f"batch{b}") for b in range(3)]
+    stacked = jnp.asarray(np.stack([b[RANK] for b in batch]))
+
+    def loss(x):
+        return jnp.sum(jnp.sin(case.call(x, comm)))
+
+    per_element = [jax.jit(jax.grad(loss))(jnp.asarray(b[RANK])) for b in batch]
+    assert_close(jax.jit(jax.vmap(jax.grad(loss)))(stacked), np.stack(per_element), rtol=1e-12)
+    assert_close(jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs))))(stacked), np.stack(per_element), rtol=1e-12)
+
+
+@pytest.mark.parametrize("axes", [(0, None), (None, 0), (1, 0)])
+def test_vmap_sendrecv_mixed_axes(comm, axes):
+    """Batched and unbatched operands mixed: the unbatched one is broadcast."""
+    data = np.random.default_rng(7).normal(size=(SIZE, 4, 2))  # rank r's batch
+    send_axis, recv_axis = axes
+    send = {0: data[RANK], 1: data[RANK].T, None: data[RANK][0]}[send_axis]
+    template = np.zeros((4, 2)) if recv_axis == 0 else np.zeros(2)
+    want = data[PREV] if send_axis is not None else np.broadcast_to(data[PREV][0], (4, 2))
+    f = jax.vmap(lambda s, r: mpijax.sendrecv(s, r, PREV, NEXT, comm=comm), in_axes=(send_axis, recv_axis))
+    assert_close(jax.jit(f)(send, template), want, rtol=1e-12)
+
+
+def test_max_ties_share_the_derivative(comm):
+    """Ranks whose values tie for the maximum share the derivative equally."""
+    x = jnp.array([5.0, 1.0 + RANK, 7.0 if RANK == 0 else 2.0])  # element 0 ties on every rank
+    g = jax.jit(jax.grad(lambda x: jnp.sum(mpijax.allreduce(x, MPI.MAX, comm=comm))))(x)
+    assert_close(g, [1.0 / SIZE, 1.0 if RANK == SIZE - 1 else 0.0, 1.0 if RANK == 0 else 0.0])
+
+
+def test_prod_derivative_where_inputs_are_zero(comm):
+    """The derivative of a product is the product of the other factors, also
+    where some factor is zero (no division)."""
+    xs = [np.array([0.0 if r == 0 else 2.0, 0.0 if r < 2 else 3.0, 1.5]) for r in range(SIZE)]
+    g = jax.jit(jax.grad(lambda x: jnp.sum(mpijax.allreduce(x, MPI.PROD, comm=comm))))(xs[RANK])
+    others = np.prod([xs[s] for s in range(SIZE) if s != RANK] or [np.ones(3)], axis=0)
+    assert_close(g, others, rtol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["MAX", "MIN", "PROD"])
+def test_scan_derivative_is_only_for_sum(comm, op):
+    with pytest.raises(
+        NotImplementedError, match=f"scan: derivatives are implemented for op=MPI.SUM only, not MPI.{op}"
+    ):
+        jax.jvp(lambda x: mpijax.scan(x, getattr(MPI, op), comm=comm), (jnp.ones(2),), (jnp.ones(2),))
+
+
+def test_receive_from_any_source_is_not_differentiable(comm):
+    x = jnp.ones(2)
+    with pytest.raises(NotImplementedError, match="ANY_SOURCE"):
+        jax.jvp(lambda x: mpijax.sendrecv(x, x, MPI.ANY_SOURCE, NEXT, comm=comm), (x,), (x,))
+
+
+# Control flow, checkpointing and solvers.
+
+
+def test_grad_through_scan_and_fori_loop(comm):
+    def body(x):
+        return jnp.sin(mpijax.sendrecv(x, x, PREV, NEXT, comm=comm)) + mpijax.allreduce(x, MPI.SUM, comm=comm)
+
+    def with_scan(x):
+        return jnp.sum(lax.scan(lambda c, _: (body(c), None), x, None, length=3)[0])
+
+    def with_fori(x):
+        return jnp.sum(lax.fori_loop(0, 3, lambda i, c: body(c), x))
+
+    def unrolled(x):
+        return jnp.sum(body(body(body(x))))
+
+    x = jnp.arange(3.0) * 0.1 + RANK * 0.01
+    want = jax.jit(jax.grad(unrolled))(x)
+    assert_close(jax.jit(jax.grad(with_scan))(x), want, rtol=1e-12)
+    assert_close(jax.grad(with_scan)(x), want, rtol=1e-12)
+    # fori_loop with static bounds lowers to scan, which reverse mode needs.
+    assert_close(jax.jit(jax.grad(with_fori))(x), want, rtol=1e-12)
+
+
+def test_grad_through_checkpoint(comm):
+    @jax.checkpoint
+    def layer(x):
+        return jnp.tanh(mpijax.allreduce(x, MPI.SUM, comm=comm) * mpijax.bcast(x, 0, comm=comm))
+
+    def loss(x):
+        return jnp.sum(layer(layer(x)))
+
+    def plain(x):
+        return jnp.sum(layer.__wrapped__(layer.__wrapped__(x)))
+
+    x = jnp.linspace(0.1, 0.3, 3) + RANK * 0.05
+    assert_close(jax.jit(jax.grad(loss))(x), jax.jit(jax.grad(plain))(x), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cg_with_distributed_matvec(comm, mode):
+    """A = sum over ranks of A_r (SPD), each rank holds A_r; cg on the
+    replicated system A x = b with matvec allreduce(A_r @ x); and its
+    gradient with respect to b."""
+    rng = np.random.default_rng(3)
+    parts = [rng.normal(size=(4, 4)) for _ in range(SIZE)]
+    parts = [p @ p.T + 4 * np.eye(4) for p in parts]
+    a, b = sum(parts), np.arange(1.0, 5.0)
+    mine = jnp.asarray(parts[RANK])
+
+    def solve(b):
+        x, _ = jax.scipy.sparse.linalg.cg(lambda v: mpijax.allreduce(mine @ v, MPI.SUM, comm=comm), b, tol=1e-12)
+        return x
+
+    assert_close(MODES[mode](solve)(b), np.linalg.solve(a, b), rtol=1e-8)
+    g = MODES[mode](jax.grad(lambda b: jnp.sum(solve(b) ** 2)))(jnp.asarray(b))
+    assert_close(g, 2 * np.linalg.solve(a, np.linalg.solve(a, b)), rtol=1e-7)
