@@ -86,13 +86,14 @@ def _cases():
                     linear=op == "SUM",
                 )
             )
-    cases.append(
-        Case(
-            "scan-SUM",
-            lambda x, c: mpijax.scan(x, MPI.SUM, comm=c),
-            lambda xs: [sum(xs[: r + 1]) for r in range(SIZE)],
+        cases.append(
+            Case(
+                f"scan-{op}",
+                lambda x, c, o=mpi_op: mpijax.scan(x, o, comm=c),
+                lambda xs, f=f: [fold(f, xs[: r + 1]) for r in range(SIZE)],
+                linear=op == "SUM",
+            )
         )
-    )
     for root in ROOTS:
         cases += [
             Case(
@@ -362,12 +363,29 @@ def test_prod_derivative_where_inputs_are_zero(comm):
     assert_close(g, others, rtol=1e-12)
 
 
-@pytest.mark.parametrize("op", ["MAX", "MIN", "PROD"])
-def test_scan_derivative_is_only_for_sum(comm, op):
-    with pytest.raises(
-        NotImplementedError, match=f"scan: derivatives are implemented for op=MPI.SUM only, not MPI.{op}"
-    ):
-        jax.jvp(lambda x: mpijax.scan(x, getattr(MPI, op), comm=comm), (jnp.ones(2),), (jnp.ones(2),))
+def test_scan_max_ties_share_the_derivative(comm):
+    """Within a prefix, ranks that tie for the maximum share the derivative."""
+    x = jnp.array([5.0, 1.0 + RANK])  # element 0 ties on every rank; element 1 grows with rank
+    g = jax.jit(jax.grad(lambda x: jnp.sum(mpijax.scan(x, MPI.MAX, comm=comm))))(x)
+    # Element 0: prefix r (r >= RANK) gives each of its r + 1 tied ranks 1 / (r + 1).
+    share = sum(1.0 / (r + 1) for r in range(RANK, SIZE))
+    assert_close(g, [share, 1.0])  # element 1: each prefix's maximum is its last rank
+
+
+def test_second_derivative_of_a_product(comm):
+    """jvp of grad of sum(sin(prod over ranks)), against finite differences of
+    the gradient computed in NumPy: the product's derivative rules are
+    differentiable again (through exclusive scans)."""
+    rng = np.random.default_rng(11)
+    xs, vs = rng.uniform(0.5, 1.5, (SIZE, 3)), rng.normal(size=(SIZE, 3))
+
+    def numpy_grad(xs):
+        y = np.prod(xs, axis=0)
+        return np.cos(y) * np.prod([xs[s] for s in range(SIZE) if s != RANK] or [np.ones(3)], axis=0)
+
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(mpijax.allreduce(x, MPI.PROD, comm=comm))))
+    _, hvp = jax.jit(lambda x, v: jax.jvp(grad, (x,), (v,)))(xs[RANK], vs[RANK])
+    assert_close(hvp, (numpy_grad(xs + H * vs) - numpy_grad(xs - H * vs)) / (2 * H), rtol=1e-6)
 
 
 def test_receive_from_any_source_is_not_differentiable(comm):

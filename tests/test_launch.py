@@ -79,7 +79,7 @@ def test_debug_environment_variable(tmp_path, variable):
 def test_readme_example(tmp_path):
     result = mpirun(tmp_path, (ROOT / "examples" / "hello.py").read_text())
     assert result.returncode == 0, result.stderr
-    lines = sorted(result.stdout.splitlines())
+    lines = sorted(line for line in result.stdout.splitlines() if line)  # mpirun may split off a newline
     assert lines == [
         "rank 0/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 1: [10.0, 11.0, 12.0, 13.0]",
         "rank 1/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 0: [0.0, 1.0, 2.0, 3.0]",

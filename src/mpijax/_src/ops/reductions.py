@@ -1,11 +1,13 @@
 """allreduce, reduce, scan: element-wise reductions across ranks."""
 
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import ad, batching
 
 from .. import comm as _comm
 from .. import dtypes, validation
 from ..primitive import batch_operands, linear_jvp, mpi_primitive
+from .collectives import allgather_p, alltoall_p
 
 SUM, PROD, MIN, MAX = (dtypes.REDUCTIONS[name] for name in ("SUM", "PROD", "MIN", "MAX"))
 
@@ -104,13 +106,41 @@ def _reduce_jvp(primals, tangents, *, comm, op, root):
 
 
 def _scan_jvp(primals, tangents, *, comm, op, reverse, exclusive):
-    if op != SUM:
-        raise NotImplementedError(
-            f"mpijax.scan: derivatives are implemented for op=MPI.SUM only, not "
-            f"MPI.{dtypes.reduction_name(op)} (its derivative needs a segmented scan); "
-            "use jax.lax.stop_gradient if the result need not be differentiated"
-        )
-    return linear_jvp(scan_p)(primals, tangents, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+    if op == SUM:
+        return linear_jvp(scan_p)(primals, tangents, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+    (x,), (t,) = primals, tangents
+    y = scan_p.bind(x, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+    return y, [_gathered_tangent(x, ad.instantiate_zeros(t), comm, op, reverse, exclusive)]
+
+
+def _gathered_tangent(x, t, comm, op, reverse, exclusive):
+    """The tangent of op over the ranks a scan combines on this rank, from
+    every rank's value: exact, ties shared, zeros fine, at the cost of
+    gathering communicator-size copies of the array."""
+    if exclusive and op != PROD:
+        raise NotImplementedError("mpijax: derivatives of exclusive MIN/MAX scans are not implemented")
+    info = _comm.info(comm)
+    ranks = np.arange(info.size)
+    members = ranks >= info.rank if reverse else ranks <= info.rank
+    if exclusive:
+        members &= ranks != info.rank
+    members = members.reshape((info.size,) + (1,) * x.ndim)
+    (values,) = allgather_p.bind(x, comm=comm)
+    if op == PROD:  # the product of the other members' factors, from both sides
+        factors = jnp.where(members, values, 1)
+        ones = jnp.ones_like(factors[:1])
+        before = jnp.cumprod(jnp.concatenate([ones, factors[:-1]]), axis=0)
+        after = jnp.flip(jnp.cumprod(jnp.flip(jnp.concatenate([factors[1:], ones]), 0), axis=0), 0)
+        weights = jnp.where(members, before * after, 0)
+    else:  # MIN/MAX: the members that attain the result share its tangent
+        extreme = jnp.max if op == MAX else jnp.min
+        result = extreme(jnp.where(members, values, values[info.rank]), axis=0)
+        hit = members & (values == result)
+        weights = hit / jnp.sum(hit, axis=0)
+    # Row s of the alltoall result is rank s's tangent: a linear gather whose
+    # transpose (alltoall again) sends each rank exactly its share.
+    (tangents,) = alltoall_p.bind(jnp.broadcast_to(t, (info.size, *t.shape)), comm=comm)
+    return jnp.sum(weights * tangents, axis=0)
 
 
 ad.primitive_jvps[allreduce_p] = _allreduce_jvp

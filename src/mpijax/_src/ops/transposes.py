@@ -16,7 +16,7 @@ from .. import jax_compat
 from ..primitive import linear_jvp, local_primitive
 from .collectives import allgather_p, alltoall_p, bcast_p, gather_p, scatter_p
 from .point_to_point import recv_p, send_p, sendrecv_p
-from .reductions import SUM, allreduce_p, reduce_p, scan_p
+from .reductions import SUM, allreduce_p, exclusive_scan, reduce_p, scan_p
 
 
 def _ct(cts):
@@ -70,8 +70,8 @@ def _bcast(cts, x, *, comm, root, accumulate):
 
 def _scan(cts, x, *, comm, op, reverse, exclusive):
     _linear_only(op, "scan")
-    if exclusive:
-        raise NotImplementedError("mpijax: the transpose of an exclusive scan is not implemented")
+    if exclusive:  # over the ranks after this one (before, if reverse)
+        return [exclusive_scan(_ct(cts), comm, SUM, not reverse)]
     return scan_p.bind(_ct(cts), comm=comm, op=op, reverse=1 - reverse, exclusive=0)
 
 
