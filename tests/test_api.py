@@ -12,20 +12,21 @@ import mpijax
 
 from reference import RANK, SIZE
 
-# Signatures of mpi4jax 0.8 / 0.9 (token-free API).
+# Signatures of mpi4jax 0.8 / 0.9 (token-free API; token= is only there to be refused).
 MPI4JAX_SIGNATURES = {
-    "allgather": "(x, *, comm=None)",
-    "allreduce": "(x, op, *, comm=None)",
-    "alltoall": "(x, *, comm=None)",
-    "barrier": "(*, comm=None)",
-    "bcast": "(x, root, *, comm=None)",
-    "gather": "(x, root, *, comm=None)",
-    "recv": f"(x, source={MPI.ANY_SOURCE}, *, tag={MPI.ANY_TAG}, comm=None, status=None)",
-    "reduce": "(x, op, root, *, comm=None)",
-    "scan": "(x, op, *, comm=None)",
-    "scatter": "(x, root, *, comm=None)",
-    "send": "(x, dest, *, tag=0, comm=None)",
-    "sendrecv": f"(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag={MPI.ANY_TAG}, comm=None, status=None)",
+    "allgather": "(x, *, comm=None, token=NOTSET)",
+    "allreduce": "(x, op, *, comm=None, token=NOTSET)",
+    "alltoall": "(x, *, comm=None, token=NOTSET)",
+    "barrier": "(*, comm=None, token=NOTSET)",
+    "bcast": "(x, root, *, comm=None, token=NOTSET)",
+    "gather": "(x, root, *, comm=None, token=NOTSET)",
+    "recv": f"(x, source={MPI.ANY_SOURCE}, *, tag={MPI.ANY_TAG}, comm=None, status=None, token=NOTSET)",
+    "reduce": "(x, op, root, *, comm=None, token=NOTSET)",
+    "scan": "(x, op, *, comm=None, token=NOTSET)",
+    "scatter": "(x, root, *, comm=None, token=NOTSET)",
+    "send": "(x, dest, *, tag=0, comm=None, token=NOTSET)",
+    "sendrecv": f"(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag={MPI.ANY_TAG}, comm=None, status=None, "
+    "token=NOTSET)",
     "has_cuda_support": "()",
 }
 

@@ -30,9 +30,22 @@ def mpirun(tmp_path, source, n=2, env=None, timeout=120):
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source))
     clean = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
-    clean.update(env or {})
+    clean.update({"OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})})  # Open MPI: more ranks than cores
     command = [shutil.which("mpirun"), "-n", str(n), sys.executable, str(script)]
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+def run_example(tmp_path, path, n=2):
+    """Run the example at `path` unchanged on n ranks; return (result, each
+    rank's stdout): mpirun would interleave the ranks' output arbitrarily."""
+    wrapper = f"""
+        import os, runpy, sys
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["PMI_RANK"]
+        sys.stdout = open(f"stdout.{{rank}}", "w")
+        runpy.run_path({str(path)!r}, run_name="__main__")
+        """
+    result = mpirun(tmp_path, wrapper, n=n)
+    return result, [(tmp_path / f"stdout.{r}").read_text() if result.returncode == 0 else "" for r in range(n)]
 
 
 def test_exit_right_after_dispatching_send_and_recv(tmp_path):
@@ -77,12 +90,11 @@ def test_debug_environment_variable(tmp_path, variable):
 
 
 def test_readme_example(tmp_path):
-    result = mpirun(tmp_path, (ROOT / "examples" / "hello.py").read_text())
+    result, out = run_example(tmp_path, ROOT / "examples" / "hello.py")
     assert result.returncode == 0, result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if line)  # mpirun may split off a newline
-    assert lines == [
-        "rank 0/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 1: [10.0, 11.0, 12.0, 13.0]",
-        "rank 1/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 0: [0.0, 1.0, 2.0, 3.0]",
+    assert out == [
+        "rank 0/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 1: [10.0, 11.0, 12.0, 13.0]\n",
+        "rank 1/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 0: [0.0, 1.0, 2.0, 3.0]\n",
     ]
 
 
@@ -111,3 +123,28 @@ def test_import_check_names_both_mpi_libraries(tmp_path):
     assert str(tmp_path / "libfakempi.so") in message and "Stand-in MPI 9.9" in message
     assert ours in message and "second line" not in message
     runtime.check_same_mpi(runtime.MPI.__file__, runtime.MPI.Get_library_version())  # the real pair agrees
+
+
+SEED = ROOT / "examples" / "seed"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_seed_global_sum(tmp_path, n):
+    """mpi4jax's README example on the token API: rank 0 prints the sum of ranks."""
+    result, out = run_example(tmp_path, SEED / "global_sum.py", n)
+    assert result.returncode == 0, result.stderr
+    assert [float(v) for v in re.findall(r"[\d.]+", out[0])] == [n * (n - 1) / 2] * 9  # 6s on 4 ranks
+    assert out[1:] == [""] * (n - 1)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_seed_send_recv_with_tokens(tmp_path, n):
+    result, out = run_example(tmp_path, SEED / "send_recv_tokens.py", n)
+    assert result.returncode == 0, result.stderr
+    assert out == [f"{r} [{r ^ 1} {r ^ 1} {r ^ 1}]\n" for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_seed_mpi4py_and_mpijax_on_separate_communicators(tmp_path, n):
+    result, out = run_example(tmp_path, SEED / "mpi4py_and_mpijax.py", n)
+    assert result.returncode == 0, result.stderr

@@ -1,5 +1,6 @@
 """MPI for JAX: MPI operations inside jax.jit, in program order."""
 
+from . import experimental, tokens  # noqa: F401  (mpijax.tokens: the token API)
 from ._src.ops import transposes as _transposes  # noqa: F401  (registers the transpose rules)
 from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
 from ._src.ops.point_to_point import recv, send, sendrecv

@@ -6,7 +6,9 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jax.interpreters import ad, mlir
+import numpy as np
+from jax.extend.mlir.dialects import stablehlo as hlo
+from jax.interpreters import ad, batching, mlir
 
 from . import jax_compat
 from .runtime import core  # noqa: F401  (registers the FFI targets)
@@ -68,6 +70,40 @@ def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None):
 
     mlir.register_lowering(prim, lower, platform="cpu")
     return prim
+
+
+def _token_primitive(name, outputs, lower):
+    """A communication-free step of the token chain (for mpijax.tokens)."""
+    prim = jax_compat.Primitive(f"mpijax_{name}")
+    prim.multiple_results = True
+    prim.def_impl(partial(jax_compat.apply_primitive, prim))
+    prim.def_effectful_abstract_eval(lambda *avals: (outputs, {mpi_effect}))
+    mlir.register_lowering(prim, lower)
+    return prim
+
+
+def _chained(ctx, value):
+    """Tie `value` (an array or token) to the MPI token chain, both ways."""
+    token, value = hlo.OptimizationBarrierOp([ctx.tokens_in.get(mpi_effect), value]).results
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
+    return value
+
+
+def _lower_join(ctx, token):
+    _chained(ctx, token)
+    return []
+
+
+# join_p(token): later MPI calls depend on `token` (a user token: a float32
+# scalar, or a JAX token).
+join_p = _token_primitive("join", [], _lower_join)
+# current_token_p(): a float32 scalar that depends on every earlier MPI call.
+current_token_p = _token_primitive(
+    "current_token",
+    [jax.core.ShapedArray((), jnp.float32)],
+    lambda ctx: [_chained(ctx, mlir.ir_constant(np.float32(0)))],
+)
+batching.primitive_batchers[join_p] = lambda args, dims: (join_p.bind(*args), [])
 
 
 def local_primitive(name, impl):

@@ -47,3 +47,21 @@ def tag(value, name, op, *, allow_any=False):
 
 
 _CONSTANTS = {MPI.ANY_SOURCE: "ANY_SOURCE", MPI.PROC_NULL: "PROC_NULL"}
+
+
+class _NotSet:
+    def __repr__(self):
+        return "NOTSET"
+
+
+NOTSET = _NotSet()
+
+
+def no_token(token, op):
+    """The token-free API takes token= only to say where it went (as mpi4jax does)."""
+    if token is not NOTSET:
+        raise RuntimeError(
+            f"mpijax.{op} takes no token: mpijax runs MPI calls in program order by itself. "
+            f"Remove token=...; code written for mpi4jax's token API (before 0.8) runs on "
+            f"mpijax.tokens.{op}, which takes and returns tokens."
+        )

@@ -58,47 +58,53 @@ def _rooted(name, x, root, comm):
     return dtypes.array(x, name), validation.rank(root, "root", comm, name), comm
 
 
-def bcast(x, root, *, comm=None):
+def bcast(x, root, *, comm=None, token=validation.NOTSET):
     """Broadcast `x` from `root`. Off the root, `x` only gives the shape and
     dtype of the result; on the root, `x` is returned."""
+    validation.no_token(token, "bcast")
     x, root, comm = _rooted("bcast", x, root, comm)
     return bcast_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
 
 
-def gather(x, root, *, comm=None):
+def gather(x, root, *, comm=None, token=validation.NOTSET):
     """Stack every rank's `x` on `root` (shape (nproc, *x.shape)). Off the
     root, `x` is returned unchanged."""
+    validation.no_token(token, "gather")
     x, root, comm = _rooted("gather", x, root, comm)
     return gather_p.bind(x, comm=comm.id, root=root, identity=1)[0]
 
 
-def scatter(x, root, *, comm=None):
+def scatter(x, root, *, comm=None, token=validation.NOTSET):
     """Send slice i of the root's `x` (shape (nproc, ...)) to rank i. Off the
     root, `x` only gives the shape and dtype of the result."""
+    validation.no_token(token, "scatter")
     x, root, comm = _rooted("scatter", x, root, comm)
     if comm.rank == root:
         _leading_axis(x, comm, "mpijax.scatter: Scatter input on the root")
     return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
 
 
-def allgather(x, *, comm=None):
+def allgather(x, *, comm=None, token=validation.NOTSET):
     """Stack every rank's `x` on every rank (shape (nproc, *x.shape))."""
+    validation.no_token(token, "allgather")
     comm = _comm.resolve(comm, "allgather")
     x = dtypes.array(x, "allgather")
     return allgather_p.bind(x, comm=comm.id)[0]
 
 
-def alltoall(x, *, comm=None):
+def alltoall(x, *, comm=None, token=validation.NOTSET):
     """Send slice i of `x` (shape (nproc, ...)) to rank i; slice j of the
     result comes from rank j."""
+    validation.no_token(token, "alltoall")
     comm = _comm.resolve(comm, "alltoall")
     x = dtypes.array(x, "alltoall")
     _leading_axis(x, comm, "mpijax.alltoall: Alltoall input")
     return alltoall_p.bind(x, comm=comm.id)[0]
 
 
-def barrier(*, comm=None):
+def barrier(*, comm=None, token=validation.NOTSET):
     """Block until every rank of `comm` has reached the barrier."""
+    validation.no_token(token, "barrier")
     comm = _comm.resolve(comm, "barrier")
     barrier_p.bind(comm=comm.id)
 

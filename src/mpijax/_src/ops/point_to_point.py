@@ -33,17 +33,19 @@ def _dest(dest, comm, op):
     return validation.rank(dest, "dest", comm, op, allow=(MPI.PROC_NULL,))
 
 
-def send(x, dest, *, tag=0, comm=None):
+def send(x, dest, *, tag=0, comm=None, token=validation.NOTSET):
     """Send `x` to rank `dest`."""
+    validation.no_token(token, "send")
     comm = _comm.resolve(comm, "send")
     x = dtypes.array(x, "send")
     send_p.bind(x, comm=comm.id, dest=_dest(dest, comm, "send"), tag=validation.tag(tag, "tag", "send"))
 
 
-def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None):
+def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, token=validation.NOTSET):
     """Receive an array shaped like `x` (whose values are not used) from
     `source`. Elements a shorter message does not fill are zero. `status`, an
     MPI.Status, is filled in when the call has run."""
+    validation.no_token(token, "recv")
     comm = _comm.resolve(comm, "recv")
     x = dtypes.array(x, "recv")
     params = dict(
@@ -55,9 +57,12 @@ def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None):
     return recv_p.bind(x, **params)[0]
 
 
-def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None):
+def sendrecv(
+    sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None, token=validation.NOTSET
+):
     """Send `sendbuf` to `dest` and receive an array shaped like `recvbuf`
     from `source` in one deadlock-free step."""
+    validation.no_token(token, "sendrecv")
     comm = _comm.resolve(comm, "sendrecv")
     sendbuf = dtypes.array(sendbuf, "sendrecv", "sendbuf")
     recvbuf = dtypes.array(recvbuf, "sendrecv", "recvbuf")

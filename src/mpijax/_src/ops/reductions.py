@@ -33,23 +33,26 @@ def _prepare(x, op, comm, name):
     return x, comm, dtypes.reduction_code(op, x.dtype, name)
 
 
-def allreduce(x, op, *, comm=None):
+def allreduce(x, op, *, comm=None, token=validation.NOTSET):
     """Reduce `x` element-wise over all ranks with `op` (an MPI.Op such as
     MPI.SUM); every rank gets the result."""
+    validation.no_token(token, "allreduce")
     x, comm, code = _prepare(x, op, comm, "allreduce")
     return allreduce_p.bind(x, comm=comm.id, op=code)[0]
 
 
-def reduce(x, op, root, *, comm=None):
+def reduce(x, op, root, *, comm=None, token=validation.NOTSET):
     """Reduce `x` element-wise over all ranks onto `root`. Off the root, `x`
     is returned unchanged."""
+    validation.no_token(token, "reduce")
     x, comm, code = _prepare(x, op, comm, "reduce")
     root = validation.rank(root, "root", comm, "reduce")
     return reduce_p.bind(x, comm=comm.id, op=code, root=root)[0]
 
 
-def scan(x, op, *, comm=None):
+def scan(x, op, *, comm=None, token=validation.NOTSET):
     """Inclusive prefix reduction: rank r gets op(x_0, ..., x_r)."""
+    validation.no_token(token, "scan")
     x, comm, code = _prepare(x, op, comm, "scan")
     return scan_p.bind(x, comm=comm.id, op=code, reverse=0, exclusive=0)[0]
 

@@ -1,0 +1,21 @@
+"""mpi4jax's experimental namespace."""
+
+import functools
+
+from ..tokens import _after
+
+
+def auto_tokenize(f, token=None):
+    """mpi4jax's decorator that threaded tokens through ``f``. mpijax orders
+    MPI calls by itself, so this runs ``f`` as it is (after `token`, if given):
+    code written for it, with or without tokens, keeps working."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        _after(token)
+        return f(*args, **kwargs)
+
+    return wrapper
+
+
+__all__ = ["auto_tokenize"]
