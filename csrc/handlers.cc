@@ -198,8 +198,9 @@ ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int
   });
 }
 
-// The root sends x and returns it (aliased). accumulate: the others add what
-// they receive to their x (the adjoint of reduce); else x only gives the shape.
+// In place (aliased): the root sends x and returns it. accumulate: the others
+// add what they receive to their x (the adjoint of reduce); else they
+// receive over it.
 ffi::Error Bcast(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
                  int64_t accumulate) {
   CallInfo info = Describe("bcast", x);
@@ -302,9 +303,18 @@ ffi::Error Sendrecv(ffi::AnyBuffer send, ffi::AnyBuffer recv, ffi::Token, Out y,
   info.send_tag = static_cast<int>(sendtag);
   info.recv_tag = static_cast<int>(recvtag);
   return Run(info, comm, [&](const Comm& c) {
+    // The output aliases recv; MPI forbids it to overlap send (XLA copies an
+    // operand passed twice, but this does not rely on it).
+    std::vector<char> copy;
+    const void* source_data = send.untyped_data();
+    if (send.size_bytes() > 0 && source_data == y->untyped_data()) {
+      copy.assign(static_cast<const char*>(source_data),
+                  static_cast<const char*>(source_data) + send.size_bytes());
+      source_data = copy.data();
+    }
     MPI_Status st;
-    const int code = mpi::Sendrecv(send.untyped_data(), send.element_count(), TypeOf(send),
-                                   info.dest, info.send_tag, y->untyped_data(), y->element_count(),
+    const int code = mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
+                                   info.send_tag, y->untyped_data(), y->element_count(),
                                    TypeOf(recv), info.source, info.recv_tag, c.handle, &st);
     if (code == MPI_SUCCESS) FinishReceive(st, *y, status);
     return code;

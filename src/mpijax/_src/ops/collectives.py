@@ -23,12 +23,9 @@ def _is_root(params):
 # Each primitive is a linear map with a real output on every rank, so that
 # its transpose, and the transpose of that, are calls on every rank too.
 # bcast: the root returns x; the others what they receive, plus their own x
-# with accumulate=1 (the adjoint of reduce).
-bcast_p = mpi_primitive(
-    "bcast",
-    lambda x, **p: [x],
-    lambda x, **p: {0: 0} if _is_root(p) or p["accumulate"] else None,
-)
+# with accumulate=1 (the adjoint of reduce). In place everywhere: a loop
+# carry then needs no copy.
+bcast_p = mpi_primitive("bcast", lambda x, **p: [x], lambda x, **p: {0: 0})
 # gather: off the root, x (identity=1, what mpi4jax returns) or zeros
 # (identity=0, the adjoint of scatter).
 gather_p = mpi_primitive(

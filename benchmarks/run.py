@@ -1,0 +1,122 @@
+"""Benchmarks side by side: raw MPI (C++), mpijax, mpi4jax, mpi4py and JAX's
+own collectives, each under `mpirun -n 2`, one XLA thread per rank, ranks
+bound to cores. Writes results.json, README.md (method, tables, ratios,
+targets) and one PNG per operation to the output folder.
+
+    python benchmarks/run.py            # the full run: 8 B to 64 MiB
+    python benchmarks/run.py --quick    # a smoke run of a minute or two
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+OPS = ["allreduce", "bcast", "allgather", "alltoall", "sendrecv", "pingpong"]
+WHAT = {
+    "allreduce": "MPI_Allreduce SUM of float32",
+    "bcast": "broadcast from rank 0",
+    "allgather": "allgather; size = each rank's block",
+    "alltoall": "alltoall; size = each block sent to a rank",
+    "sendrecv": "sendrecv around the ring",
+    "pingpong": "send/recv ping-pong; time of one way",
+}
+MARKS = {8: "8 B", 65536: "64 KiB", 16777216: "16 MiB"}
+
+
+def human(nbytes):
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def mpirun(n, *command):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    openmpi = "Open MPI" in subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    bind = ["--bind-to", "core"] if openmpi else ["-bind-to", "core"]
+    return subprocess.Popen(["mpirun", "-n", str(n), *bind, *command], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def collect(process, results, label):
+    """Read JSON lines as they come, with a line of progress for each."""
+    for line in process.stdout:
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        results.append(record)
+        if "op" in record:
+            size = human(record["bytes"])
+            print(f"  {label:10s} {record['op']:10s} {size:>7s}  {record['median']:12.2f} us", flush=True)
+    if process.wait():
+        raise SystemExit(f"{label} failed (exit code {process.returncode})")
+
+
+def build_raw():
+    build = ROOT / "build" / "benchmarks"
+    subprocess.run(["cmake", "-S", str(HERE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(["cmake", "--build", str(build)], check=True, stdout=subprocess.DEVNULL)
+    return build / "raw_mpi"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 sizes, 2 repetitions, 10k calls for memory")
+    parser.add_argument("--output", type=pathlib.Path, default=ROOT / "docs" / "benchmarks")
+    args = parser.parse_args()
+    sizes = list(MARKS) if args.quick else [2**k for k in range(3, 27)]
+    reps = 2 if args.quick else 5
+    calls = 10_000 if args.quick else 100_000
+    started = time.time()
+
+    results = []
+    print("== raw MPI (C++)", flush=True)
+    collect(mpirun(2, str(build_raw()), str(reps), *map(str, sizes)), results, "raw")
+    impls = ["mpijax", "mpi4jax", "mpi4py", "jax"]
+    missing = [name for name, module in [("mpi4jax", "mpi4jax")] if importlib.util.find_spec(module) is None]
+    for impl in impls:
+        if impl in missing:
+            print(f"== {impl}: not installed, skipped", flush=True)
+            continue
+        print(f"== {impl}", flush=True)
+        worker = [sys.executable, str(HERE / "worker.py"), impl, "--reps", str(reps), "--sizes", *map(str, sizes)]
+        collect(mpirun(2, *worker), results, impl)
+    print("== dispatch cost (1 rank) and memory (2 ranks)", flush=True)
+    if "mpi4jax" not in missing:
+        collect(mpirun(1, sys.executable, str(HERE / "worker.py"), "dispatch"), results, "dispatch")
+    collect(mpirun(2, sys.executable, str(HERE / "worker.py"), "memory", "--calls", str(calls)), results, "memory")
+
+    args.output.mkdir(parents=True, exist_ok=True)
+    setup = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "mpi": subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+        "python": platform.python_version(),
+        "quick": args.quick,
+        "reps": reps,
+        "minutes": round((time.time() - started) / 60, 1),
+    }
+    (args.output / "results.json").write_text(json.dumps({"setup": setup, "results": results}, indent=1))
+    from report import write_report  # matplotlib only here
+
+    write_report(results, setup, args.output)
+    print(f"== wrote {args.output}/README.md and plots in {setup['minutes']} min", flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    if shutil.which("mpirun") is None:
+        raise SystemExit("mpirun not found: run scripts/setup.sh first")
+    main()

@@ -1,0 +1,349 @@
+"""Timings of one implementation, run under `mpirun -n 2` by run.py.
+
+Every implementation times the same operations on float32 arrays of the same
+sizes, OSU style: one warm-up repetition, then REPS repetitions of
+iterations(size) operations between barriers; a repetition's time is the
+slowest rank's. The JAX implementations run the operations inside one jitted
+lax.fori_loop and subtract the time of the same loop without the operation,
+so that Python and JAX dispatch are not counted. mpi4py runs a Python loop and
+converts from and to JAX arrays, as a user without a JAX binding would.
+Rank 0 prints one JSON line per case: microseconds per operation.
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from mpi4py import MPI
+
+OPS = ["allreduce", "bcast", "allgather", "alltoall", "sendrecv", "pingpong"]
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+
+
+def iterations(nbytes):
+    return int(np.clip(2**28 // nbytes, 40, 10_000))
+
+
+def per_op(op):
+    return 2 if op == "pingpong" else 1  # a ping-pong iteration is two one-way messages
+
+
+def shape_of(op, nbytes):
+    n = max(nbytes // 4, 1)
+    return (SIZE, n) if op == "alltoall" else (n,)
+
+
+def report(impl, op, nbytes, times):
+    if RANK == 0:
+        times = sorted(times)
+        line = dict(impl=impl, op=op, bytes=nbytes, min=times[0], median=statistics.median(times), max=times[-1])
+        print(json.dumps(line), flush=True)
+
+
+def slowest(seconds):
+    return WORLD.allreduce(seconds, op=MPI.MAX)
+
+
+# The JAX bindings' loop bodies: (start of the carry, one step, operations per
+# step). Same-shape results feed the next step, written in place where the
+# binding can: sendrecv alternates two buffers (two operations a step), as
+# raw MPI sends from one and receives into another. allgather and alltoall add
+# one element of their result to an accumulator, and an optimization barrier
+# keeps a pure collective from being hoisted out of the loop.
+
+
+def _accumulated(collective):
+    def step(i, carry):
+        x, acc = carry
+        result = collective(lax.optimization_barrier(x)).ravel()
+        # An element XLA cannot know in advance: it must compute the whole result.
+        return x, acc + lax.dynamic_index_in_dim(result, i % result.size)
+
+    return lambda x: (x, jnp.zeros((1,), x.dtype)), step, 1  # (1,): shardable
+
+
+def _alternating(exchange):
+    def step(i, carry):
+        x, y = carry
+        y = exchange(x, y)
+        return exchange(y, x), y
+
+    return lambda x: (x, jnp.zeros_like(x)), step, 2
+
+
+def _fed_back(op, count=1):
+    return (lambda x: x), (lambda i, x: op(x)), count
+
+
+def mpi_bodies(lib, comm):
+    """Loop bodies for the mpi4jax API (mpijax and mpi4jax share it)."""
+
+    def pingpong(x):
+        if RANK == 0:
+            lib.send(x, 1, comm=comm)
+            return lib.recv(x, 1, comm=comm)
+        x = lib.recv(x, 0, comm=comm)
+        lib.send(x, 0, comm=comm)
+        return x
+
+    return {
+        "allreduce": _fed_back(lambda x: lib.allreduce(x, op=MPI.SUM, comm=comm)),
+        "bcast": _fed_back(lambda x: lib.bcast(x, 0, comm=comm)),
+        "allgather": _accumulated(lambda x: lib.allgather(x, comm=comm)),
+        "alltoall": _accumulated(lambda x: lib.alltoall(x, comm=comm)),
+        "sendrecv": _alternating(lambda s, r: lib.sendrecv(s, r, PREV, NEXT, comm=comm)),
+        "pingpong": _fed_back(pingpong, 2),
+    }
+
+
+def jax_native_bodies():
+    ring = [(j, (j + 1) % SIZE) for j in range(SIZE)]
+    return {
+        "allreduce": _fed_back(lambda x: lax.psum(x, "i")),
+        # lax.pbroadcast has no CPU lowering (JAX 0.10): a psum of the root's value.
+        "bcast": _fed_back(lambda x: lax.psum(jnp.where(lax.axis_index("i") == 0, x, 0), "i")),
+        "allgather": _accumulated(lambda x: lax.all_gather(x, "i")),
+        "alltoall": _accumulated(lambda x: lax.all_to_all(x, "i", 0, 0)),
+        "sendrecv": _alternating(lambda s, r: lax.ppermute(s, "i", ring)),
+        "pingpong": _fed_back(lambda x: lax.ppermute(lax.ppermute(x, "i", [(0, 1)]), "i", [(1, 0)]), 2),
+    }
+
+
+def loops(body, wrap):
+    """The jitted loop of `n` steps, and the same loop without the operation."""
+    start, step, _ = body
+
+    def run(step):
+        def f(x, n):
+            return lax.fori_loop(0, n, step, start(x))
+
+        return jax.jit(wrap(f), static_argnums=1)
+
+    return run(step), run(lambda i, c: c)
+
+
+def time_jax_loops(impl, bodies, wrap, make_input, sizes, reps):
+    for nbytes in sizes:
+        iters = iterations(nbytes)
+        for op in OPS:
+            x = make_input(op, nbytes)
+            with_op, empty = loops(bodies[op], wrap)
+            count = bodies[op][2]
+            steps = max(iters // count, 1)
+            jax.block_until_ready((with_op(x, steps), empty(x, steps)))  # compile
+            times = []
+            for rep in range(reps + 1):
+                elapsed = []
+                for loop in (with_op, empty):
+                    WORLD.Barrier()
+                    start = time.perf_counter()
+                    jax.block_until_ready(loop(x, steps))
+                    elapsed.append(time.perf_counter() - start)
+                if rep:
+                    times.append(slowest((elapsed[0] - elapsed[1]) / (steps * count)) * 1e6)
+            report(impl, op, nbytes, times)
+
+
+def run_mpijax(sizes, reps):
+    import mpijax
+
+    comm = WORLD.Dup()
+    inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
+    time_jax_loops("mpijax", mpi_bodies(mpijax, comm), lambda f: f, inputs, sizes, reps)
+
+
+def run_mpi4jax(sizes, reps):
+    import mpi4jax
+
+    comm = WORLD.Dup()
+    inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
+    time_jax_loops(f"mpi4jax {mpi4jax.__version__}", mpi_bodies(mpi4jax, comm), lambda f: f, inputs, sizes, reps)
+
+
+def run_jax_native(sizes, reps):
+    """jax.distributed with shard_map collectives over gloo (TCP on loopback)."""
+    import socket
+    from functools import partial
+
+    from jax._src.lib import _jax  # gloo's address: the only way to pin it to loopback
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    _jax.make_gloo_tcp_collectives = partial(_jax.make_gloo_tcp_collectives, hostname="127.0.0.1")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    port = None
+    if RANK == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = WORLD.bcast(port)
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=SIZE, process_id=RANK)
+    mesh = Mesh(np.array(jax.devices()), ("i",))
+    sharding = NamedSharding(mesh, P("i"))
+
+    def wrap(f):
+        return lambda x, n: jax.shard_map(
+            partial(f, n=n), mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False
+        )(x)
+
+    def inputs(op, nbytes):
+        local = np.ones(shape_of(op, nbytes), np.float32)
+        return jax.make_array_from_process_local_data(sharding, local)
+
+    time_jax_loops(f"JAX shard_map (gloo) {jax.__version__}", jax_native_bodies(), wrap, inputs, sizes, reps)
+    jax.distributed.shutdown()
+
+
+def run_mpi4py(sizes, reps):
+    """mpi4py on NumPy views of JAX arrays, results copied back into JAX."""
+    comm = WORLD.Dup()
+
+    def calls(op, x):
+        recv = np.empty((SIZE * x.size,), np.float32) if op == "allgather" else np.empty_like(np.asarray(x))
+
+        def pingpong(x):
+            if RANK == 0:
+                comm.Send(np.asarray(x), 1)
+                comm.Recv(recv, 1)
+            else:
+                comm.Recv(recv, 0)
+                comm.Send(recv, 0)
+            return jnp.asarray(recv)
+
+        def bcast(x):
+            buf = np.array(x)  # Bcast writes into its buffer: a writable copy
+            comm.Bcast(buf, 0)
+            return jnp.asarray(buf)
+
+        return {
+            "allreduce": lambda x: (comm.Allreduce(np.asarray(x), recv), jnp.asarray(recv))[1],
+            "bcast": bcast,
+            "allgather": lambda x: (comm.Allgather(np.asarray(x), recv), x)[1],
+            "alltoall": lambda x: (comm.Alltoall(np.asarray(x), recv), jnp.asarray(recv))[1],
+            "sendrecv": lambda x: (comm.Sendrecv(np.asarray(x), NEXT, recvbuf=recv, source=PREV), jnp.asarray(recv))[1],
+            "pingpong": pingpong,
+        }[op]
+
+    for nbytes in sizes:
+        iters = iterations(nbytes)
+        for op in OPS:
+            x = jnp.ones(shape_of(op, nbytes), jnp.float32)
+            call = calls(op, x)
+            times = []
+            for rep in range(reps + 1):
+                y = x
+                WORLD.Barrier()
+                start = time.perf_counter()
+                for _ in range(iters):
+                    y = call(y)
+                jax.block_until_ready(y)
+                if rep:
+                    times.append(slowest((time.perf_counter() - start) / (iters * per_op(op))) * 1e6)
+            report("mpi4py + NumPy", op, nbytes, times)
+
+
+def per_call_us(f, x, n=5000):
+    """Wall time of one call of a jitted function, over n calls in a row (best of three)."""
+    jax.block_until_ready(f(x))
+
+    def once():
+        WORLD.Barrier()
+        start = time.perf_counter()
+        y = x
+        for _ in range(n):
+            y = f(y)
+        jax.block_until_ready(y)
+        return slowest(time.perf_counter() - start) / n * 1e6
+
+    return min(once() for _ in range(3))
+
+
+def run_dispatch():
+    """What an MPI call does to JAX's dispatch of a small jitted function
+    (at one rank, so that no waiting on another rank is counted)."""
+    import mpi4jax
+    from jax.experimental import io_callback
+
+    import mpijax
+
+    comm = WORLD.Dup()
+    x = jnp.ones(2, jnp.float32)
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    functions = {
+        "without MPI": lambda x: x * 1.0,
+        "mpijax allreduce": lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm) * 1.0,
+        f"mpi4jax {mpi4jax.__version__} allreduce": lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=comm) * 1.0,
+        "JAX io_callback(ordered=True)": lambda x: io_callback(lambda v: v, shape, x, ordered=True) * 1.0,
+    }
+    results = {name: per_call_us(jax.jit(f), x) for name, f in functions.items()}
+    if RANK == 0:
+        print(json.dumps({"dispatch_us": results}), flush=True)
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def run_memory(calls):
+    """Resident memory over many jitted calls that each make an allreduce."""
+    import mpijax
+
+    comm = WORLD.Dup()
+    x = jnp.ones(2, jnp.float32)
+    f = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm) * (1.0 / SIZE))
+    y = jax.block_until_ready(f(x))
+    for _ in range(1000):  # warm-up
+        y = f(y)
+    jax.block_until_ready(y)
+    before = rss_mib()
+    for _ in range(calls):
+        y = f(y)
+    jax.block_until_ready(y)
+    after = rss_mib()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results = dict(
+        calls=calls,
+        rss_before_mib=WORLD.allreduce(before, op=MPI.MAX),
+        rss_after_mib=WORLD.allreduce(after, op=MPI.MAX),
+        peak_rss_mib=WORLD.allreduce(peak, op=MPI.MAX),
+    )
+    if RANK == 0:
+        print(json.dumps({"memory": results}), flush=True)
+
+
+RUNNERS = {
+    "mpijax": run_mpijax,
+    "mpi4jax": run_mpi4jax,
+    "mpi4py": run_mpi4py,
+    "jax": run_jax_native,
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("impl", choices=[*RUNNERS, "dispatch", "memory"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=100_000)
+    args = parser.parse_args()
+    if args.impl == "dispatch":
+        run_dispatch()
+    elif args.impl == "memory":
+        run_memory(args.calls)
+    else:
+        RUNNERS[args.impl](args.sizes, args.reps)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
