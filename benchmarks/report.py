@@ -51,13 +51,16 @@ each bound to a core, with one XLA thread per rank
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
   and JAX dispatch are not counted. Same-shape results feed the next iteration (in place where
-  the binding can). For allgather, one element of the result is added to an accumulator.
+  the binding can); for allgather and alltoall, one element of the result, at an index XLA cannot
+  know in advance, is written back into the input, so that no collective can be hoisted out of
+  the loop.
 - **mpi4py + NumPy**: a Python loop that hands NumPy views of JAX arrays to mpi4py and copies the
   results back into JAX arrays, which is what a JAX user does without a binding. Its times
   include that overhead.
 - **JAX shard_map**: `jax.distributed` with the gloo CPU collectives (TCP, bound to 127.0.0.1);
   `psum`, `all_gather`, `all_to_all`, `ppermute`, and for bcast a `psum` of the root's value
-  (`lax.pbroadcast` has no CPU lowering in JAX 0.10).
+  (`lax.pbroadcast` has no CPU lowering in JAX 0.10). gloo takes about a millisecond per
+  operation, so this one runs a fiftieth of the iterations (at least 10).
 
 Operations: {"; ".join(f"{op}: {WHAT[op]}" for op in OPS)}.
 """

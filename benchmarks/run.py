@@ -49,18 +49,18 @@ def mpirun(n, *command):
     return subprocess.Popen(["mpirun", "-n", str(n), *bind, *command], env=env, stdout=subprocess.PIPE, text=True)
 
 
-def collect(process, results, label):
+def collect(process, results, stage):
     """Read JSON lines as they come, with a line of progress for each."""
     for line in process.stdout:
         if not line.startswith("{"):
             continue
-        record = json.loads(line)
+        record = json.loads(line) | {"stage": stage}
         results.append(record)
         if "op" in record:
             size = human(record["bytes"])
-            print(f"  {label:10s} {record['op']:10s} {size:>7s}  {record['median']:12.2f} us", flush=True)
+            print(f"  {stage:10s} {record['op']:10s} {size:>7s}  {record['median']:12.2f} us", flush=True)
     if process.wait():
-        raise SystemExit(f"{label} failed (exit code {process.returncode})")
+        raise SystemExit(f"{stage} failed (exit code {process.returncode})")
 
 
 def build_raw():
@@ -71,32 +71,45 @@ def build_raw():
     return build / "raw_mpi"
 
 
+def stages(sizes, reps, calls):
+    """(name, ranks, command) of every part of a run."""
+    worker = [sys.executable, str(HERE / "worker.py")]
+    loops = ["--reps", str(reps), "--sizes", *map(str, sizes)]
+    return [
+        ("raw", 2, lambda: [str(build_raw()), str(reps), *map(str, sizes)]),
+        *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax", "mpi4py", "jax"]],
+        ("dispatch", 1, lambda: [*worker, "dispatch"]),
+        ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 sizes, 2 repetitions, 10k calls for memory")
     parser.add_argument("--output", type=pathlib.Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--only", nargs="+", metavar="STAGE",
+                        help="run only these stages and keep the others' results from the output folder")  # fmt: skip
     args = parser.parse_args()
     sizes = list(MARKS) if args.quick else [2**k for k in range(3, 27)]
     reps = 2 if args.quick else 5
     calls = 10_000 if args.quick else 100_000
     started = time.time()
 
-    results = []
-    print("== raw MPI (C++)", flush=True)
-    collect(mpirun(2, str(build_raw()), str(reps), *map(str, sizes)), results, "raw")
-    impls = ["mpijax", "mpi4jax", "mpi4py", "jax"]
-    missing = [name for name, module in [("mpi4jax", "mpi4jax")] if importlib.util.find_spec(module) is None]
-    for impl in impls:
-        if impl in missing:
-            print(f"== {impl}: not installed, skipped", flush=True)
+    results, minutes = [], 0.0
+    saved = args.output / "results.json"
+    if args.only:
+        previous = json.loads(saved.read_text())
+        results = [r for r in previous["results"] if r.get("stage") not in args.only]
+        minutes = previous["setup"]["minutes"]
+    have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None
+    for stage, ranks, command in stages(sizes, reps, calls):
+        if args.only and stage not in args.only:
             continue
-        print(f"== {impl}", flush=True)
-        worker = [sys.executable, str(HERE / "worker.py"), impl, "--reps", str(reps), "--sizes", *map(str, sizes)]
-        collect(mpirun(2, *worker), results, impl)
-    print("== dispatch cost (1 rank) and memory (2 ranks)", flush=True)
-    if "mpi4jax" not in missing:
-        collect(mpirun(1, sys.executable, str(HERE / "worker.py"), "dispatch"), results, "dispatch")
-    collect(mpirun(2, sys.executable, str(HERE / "worker.py"), "memory", "--calls", str(calls)), results, "memory")
+        if stage in ("mpi4jax", "dispatch") and not have_mpi4jax:
+            print(f"== {stage}: needs mpi4jax, not installed, skipped", flush=True)
+            continue
+        print(f"== {stage}", flush=True)
+        collect(mpirun(ranks, *command()), results, stage)
 
     args.output.mkdir(parents=True, exist_ok=True)
     setup = {
@@ -106,9 +119,9 @@ def main():
         "python": platform.python_version(),
         "quick": args.quick,
         "reps": reps,
-        "minutes": round((time.time() - started) / 60, 1),
+        "minutes": round(minutes + (time.time() - started) / 60, 1),
     }
-    (args.output / "results.json").write_text(json.dumps({"setup": setup, "results": results}, indent=1))
+    saved.write_text(json.dumps({"setup": setup, "results": results}, indent=1))
     from report import write_report  # matplotlib only here
 
     write_report(results, setup, args.output)

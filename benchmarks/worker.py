@@ -54,21 +54,22 @@ def slowest(seconds):
 
 
 # The JAX bindings' loop bodies: (start of the carry, one step, operations per
-# step). Same-shape results feed the next step, written in place where the
-# binding can: sendrecv alternates two buffers (two operations a step), as
-# raw MPI sends from one and receives into another. allgather and alltoall add
-# one element of their result to an accumulator, and an optimization barrier
-# keeps a pure collective from being hoisted out of the loop.
+# step). Each step's input depends on the previous step's result, so that XLA
+# can neither hoist a collective out of the loop nor drop it, and results are
+# written in place where the binding can. sendrecv alternates two buffers (two
+# operations a step), as raw MPI sends from one and receives into another.
+# allgather and alltoall, whose result has another shape, write one element of
+# it, at an index XLA cannot know in advance, back into their input.
 
 
-def _accumulated(collective):
-    def step(i, carry):
-        x, acc = carry
-        result = collective(lax.optimization_barrier(x)).ravel()
-        # An element XLA cannot know in advance: it must compute the whole result.
-        return x, acc + lax.dynamic_index_in_dim(result, i % result.size)
+def _fed_one_element(collective):
+    def step(i, x):
+        result = collective(x).ravel()
+        flat = x.ravel()
+        element = lax.dynamic_index_in_dim(result, i % result.size, keepdims=False)
+        return lax.dynamic_update_index_in_dim(flat, element, i % flat.size, 0).reshape(x.shape)
 
-    return lambda x: (x, jnp.zeros((1,), x.dtype)), step, 1  # (1,): shardable
+    return (lambda x: x), step, 1
 
 
 def _alternating(exchange):
@@ -98,8 +99,8 @@ def mpi_bodies(lib, comm):
     return {
         "allreduce": _fed_back(lambda x: lib.allreduce(x, op=MPI.SUM, comm=comm)),
         "bcast": _fed_back(lambda x: lib.bcast(x, 0, comm=comm)),
-        "allgather": _accumulated(lambda x: lib.allgather(x, comm=comm)),
-        "alltoall": _accumulated(lambda x: lib.alltoall(x, comm=comm)),
+        "allgather": _fed_one_element(lambda x: lib.allgather(x, comm=comm)),
+        "alltoall": _fed_one_element(lambda x: lib.alltoall(x, comm=comm)),
         "sendrecv": _alternating(lambda s, r: lib.sendrecv(s, r, PREV, NEXT, comm=comm)),
         "pingpong": _fed_back(pingpong, 2),
     }
@@ -111,8 +112,8 @@ def jax_native_bodies():
         "allreduce": _fed_back(lambda x: lax.psum(x, "i")),
         # lax.pbroadcast has no CPU lowering (JAX 0.10): a psum of the root's value.
         "bcast": _fed_back(lambda x: lax.psum(jnp.where(lax.axis_index("i") == 0, x, 0), "i")),
-        "allgather": _accumulated(lambda x: lax.all_gather(x, "i")),
-        "alltoall": _accumulated(lambda x: lax.all_to_all(x, "i", 0, 0)),
+        "allgather": _fed_one_element(lambda x: lax.all_gather(x, "i")),
+        "alltoall": _fed_one_element(lambda x: lax.all_to_all(x, "i", 0, 0)),
         "sendrecv": _alternating(lambda s, r: lax.ppermute(s, "i", ring)),
         "pingpong": _fed_back(lambda x: lax.ppermute(lax.ppermute(x, "i", [(0, 1)]), "i", [(1, 0)]), 2),
     }
@@ -131,9 +132,9 @@ def loops(body, wrap):
     return run(step), run(lambda i, c: c)
 
 
-def time_jax_loops(impl, bodies, wrap, make_input, sizes, reps):
+def time_jax_loops(impl, bodies, wrap, make_input, sizes, reps, fewer=1):
     for nbytes in sizes:
-        iters = iterations(nbytes)
+        iters = max(iterations(nbytes) // fewer, 10)
         for op in OPS:
             x = make_input(op, nbytes)
             with_op, empty = loops(bodies[op], wrap)
@@ -199,7 +200,8 @@ def run_jax_native(sizes, reps):
         local = np.ones(shape_of(op, nbytes), np.float32)
         return jax.make_array_from_process_local_data(sharding, local)
 
-    time_jax_loops(f"JAX shard_map (gloo) {jax.__version__}", jax_native_bodies(), wrap, inputs, sizes, reps)
+    # gloo takes about a millisecond per operation: a fiftieth of the iterations.
+    time_jax_loops(f"JAX shard_map (gloo) {jax.__version__}", jax_native_bodies(), wrap, inputs, sizes, reps, fewer=50)
     jax.distributed.shutdown()
 
 
