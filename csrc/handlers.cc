@@ -1,16 +1,20 @@
 // Each handler reads its buffers and attributes, and hands one large-count-safe
-// MPI call (mpi_calls.h) to Run, which resolves the communicator, logs, and
-// turns MPI error codes into ffi::Error. Operands and results carry the
+// MPI call (mpi_calls.h) to Run, which resolves the communicator, agrees on
+// the call with the other ranks in check mode, logs, and turns MPI error
+// codes into ffi::Error. Operands and results carry the
 // ordering token last; the handlers ignore it.
 #include "handlers.h"
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "log.h"
 #include "mpi_calls.h"
 #include "reductions.h"
@@ -89,9 +93,22 @@ MPI_Op OpOf(int64_t code, const ffi::AnyBuffer& x) {
   }
 }
 
+Shape ShapeOf(const ffi::AnyBuffer& x) {
+  Shape shape;
+  const auto dims = x.dimensions();
+  shape.ndim = static_cast<int>(dims.size());
+  for (int i = 0; i < shape.ndim; ++i) {
+    const int j = std::min(i, Shape::kMaxDims - 1);
+    shape.dims[j] = i > j ? shape.dims[j] * dims[i] : dims[i];
+  }
+  return shape;
+}
+
 CallInfo Describe(const char* op, const ffi::AnyBuffer& x) {
-  return {op, static_cast<int64_t>(x.element_count()), ElementOf(x.element_type()).name,
-          static_cast<int64_t>(x.size_bytes())};
+  CallInfo info{op, static_cast<int64_t>(x.element_count()), ElementOf(x.element_type()).name,
+                static_cast<int64_t>(x.size_bytes())};
+  info.shape = ShapeOf(x);
+  return info;
 }
 
 struct Comm {
@@ -100,19 +117,52 @@ struct Comm {
   int size;
 };
 
+std::string Rank(int rank) {
+  return rank == MPI_ANY_SOURCE ? "any rank" : "rank " + std::to_string(rank);
+}
+
+// Whom a call that timed out was waiting for.
+std::string Awaited(const CallInfo& call, const Comm& comm) {
+  if (!PointToPoint(call)) {
+    std::string text = "the other ranks of its communicator (size " + std::to_string(comm.size);
+    if (call.root != kUnset) text += ", root " + std::to_string(call.root);
+    return text + ") to call " + call.op;
+  }
+  std::string text;
+  if (call.source != kUnset) {
+    text = "a message from " + Rank(call.source) + " with tag " +
+           (call.recv_tag == MPI_ANY_TAG ? "ANY_TAG" : std::to_string(call.recv_tag));
+  }
+  if (call.dest != kUnset) {
+    text += (text.empty() ? "" : " and for ") + Rank(call.dest) + " to receive its message with tag " +
+            std::to_string(call.send_tag);
+  }
+  return text;
+}
+
 ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
+  const std::string op = "mpijax." + std::string(call.op);
+  const std::string rank = "rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.size);
+  if (code == mpi::kTimedOut) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", mpi::Timeout());
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                      op + " on " + rank + " timed out after " + seconds + " s (MPIJAX_TIMEOUT) waiting for " +
+                          Awaited(call, comm) +
+                          ". The call was abandoned unfinished: end the program rather than use "
+                          "MPI further.");
+  }
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  return ffi::Error::Internal("mpijax." + std::string(call.op) + " failed on rank " +
-                              std::to_string(comm.rank) + " of " + std::to_string(comm.size) +
-                              ": " + std::string(text, length) + " (MPI error code " +
-                              std::to_string(code) + ")");
+  return ffi::Error::Internal(op + " failed on " + rank + ": " + std::string(text, length) +
+                              " (MPI error code " + std::to_string(code) + ")");
 }
 
-// `call(comm)` makes the MPI call and returns its error code.
+// `call(comm)` makes the MPI call and returns its error code; it reads peers
+// from `info`, which check mode may narrow.
 template <class Call>
-ffi::Error Run(const CallInfo& info, int64_t comm_id, Call&& call) {
+ffi::Error Run(CallInfo& info, int64_t comm_id, Call&& call) {
   Comm comm{};
   if (!LookupComm(comm_id, &comm.handle)) {
     return ffi::Error::InvalidArgument("mpijax." + std::string(info.op) +
@@ -120,13 +170,20 @@ ffi::Error Run(const CallInfo& info, int64_t comm_id, Call&& call) {
   }
   MPI_Comm_rank(comm.handle, &comm.rank);
   MPI_Comm_size(comm.handle, &comm.size);
+  InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();
-  const int code = call(comm);
+  std::string mismatch;
+  int code = CheckEnabled() ? Agree(info, comm.handle, &mismatch) : MPI_SUCCESS;
+  // A collective that ranks disagree on must not run; point-to-point calls
+  // run what still matches (check.h).
+  if (code == MPI_SUCCESS && (mismatch.empty() || PointToPoint(info))) code = call(comm);
   if (LogEnabled()) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     LogCall(info, comm.rank, elapsed.count(), code);
   }
-  return code == MPI_SUCCESS ? ffi::Error::Success() : Failure(info, comm, code);
+  if (code != MPI_SUCCESS) return Failure(info, comm, code);
+  if (!mismatch.empty()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, mismatch);
+  return ffi::Error::Success();
 }
 
 // A receive leaves unspecified what a shorter message did not fill (or all of
@@ -164,7 +221,9 @@ using Out = ffi::Result<ffi::AnyBuffer>;
 using TokenOut = ffi::Result<ffi::Token>;
 
 ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op) {
-  return Run(Describe("allreduce", x), comm, [&](const Comm& c) {
+  CallInfo info = Describe("allreduce", x);
+  info.reduction = static_cast<int>(op);
+  return Run(info, comm, [&](const Comm& c) {
     return mpi::Allreduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
                           OpOf(op, x), c.handle);
   });
@@ -175,6 +234,7 @@ ffi::Error Reduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, i
                   int64_t root) {
   CallInfo info = Describe("reduce", x);
   info.root = static_cast<int>(root);
+  info.reduction = static_cast<int>(op);
   return Run(info, comm, [&](const Comm& c) {
     if (c.rank != info.root) CopyIfDistinct(x, *y);
     return mpi::Reduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
@@ -188,7 +248,9 @@ ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int
                 int64_t reverse, int64_t exclusive) {
   static constexpr const char* kNames[2][2] = {{"scan", "exscan"},
                                                {"scan(reverse)", "exscan(reverse)"}};
-  return Run(Describe(kNames[reverse != 0][exclusive != 0], x), comm, [&](const Comm& c) {
+  CallInfo info = Describe(kNames[reverse != 0][exclusive != 0], x);
+  info.reduction = static_cast<int>(op);
+  return Run(info, comm, [&](const Comm& c) {
     MPI_Comm target = c.handle;
     if (reverse) {
       if (int rc = ReversedComm(c.handle, &target)) return rc;
@@ -253,21 +315,24 @@ ffi::Error Scatter(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, 
 }
 
 ffi::Error Allgather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
-  return Run(Describe("allgather", x), comm, [&](const Comm& c) {
+  CallInfo info = Describe("allgather", x);
+  return Run(info, comm, [&](const Comm& c) {
     return mpi::Allgather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
                           c.handle);
   });
 }
 
 ffi::Error Alltoall(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
-  return Run(Describe("alltoall", x), comm, [&](const Comm& c) {
+  CallInfo info = Describe("alltoall", x);
+  return Run(info, comm, [&](const Comm& c) {
     return mpi::Alltoall(x.untyped_data(), y->untyped_data(), x.element_count() / c.size, TypeOf(x),
                          c.handle);
   });
 }
 
 ffi::Error Barrier(ffi::Token, TokenOut, int64_t comm) {
-  return Run({"barrier"}, comm, [&](const Comm& c) { return MPI_Barrier(c.handle); });
+  CallInfo info{"barrier"};
+  return Run(info, comm, [&](const Comm& c) { return mpi::Barrier(c.handle); });
 }
 
 ffi::Error Send(ffi::AnyBuffer x, ffi::Token, TokenOut, int64_t comm, int64_t dest, int64_t tag) {
@@ -302,6 +367,8 @@ ffi::Error Sendrecv(ffi::AnyBuffer send, ffi::AnyBuffer recv, ffi::Token, Out y,
   info.dest = static_cast<int>(dest);
   info.send_tag = static_cast<int>(sendtag);
   info.recv_tag = static_cast<int>(recvtag);
+  info.recv_dtype = ElementOf(recv.element_type()).name;
+  info.recv_shape = ShapeOf(recv);
   return Run(info, comm, [&](const Comm& c) {
     // The output aliases recv; MPI forbids it to overlap send (XLA copies an
     // operand passed twice, but this does not rely on it).

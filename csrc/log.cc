@@ -15,6 +15,7 @@ bool EnvFlag(const char* name) {
 }
 
 std::atomic<bool> enabled{EnvFlag("MPIJAX_DEBUG") || EnvFlag("MPI4JAX_DEBUG")};
+std::atomic<int64_t> calls{0}, in_flight{0}, max_in_flight{0};
 
 void Append(std::string& line, const char* key, int value) {
   if (value == kUnset) return;
@@ -44,5 +45,24 @@ void LogCall(const CallInfo& call, int rank, double seconds, int error_code) {
   // One write per line, so lines from different threads never interleave.
   std::fputs(line.c_str(), stderr);
 }
+
+CallStats Stats() {
+  return {calls.load(), in_flight.load(), max_in_flight.load()};
+}
+
+void ResetStats() {
+  calls = 0;
+  max_in_flight = in_flight.load();
+}
+
+InFlight::InFlight() {
+  calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t now = in_flight.fetch_add(1) + 1;
+  int64_t seen = max_in_flight.load();
+  while (now > seen && !max_in_flight.compare_exchange_weak(seen, now)) {
+  }
+}
+
+InFlight::~InFlight() { in_flight.fetch_sub(1); }
 
 }  // namespace mpijax

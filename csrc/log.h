@@ -2,27 +2,33 @@
 // stderr, written from C++ so that no GIL is taken on XLA's threads.
 #pragma once
 
-#include <cstdint>
+#include "call.h"
 
 namespace mpijax {
 
 bool LogEnabled();
 void SetLogEnabled(bool enabled);
 
-inline constexpr int kUnset = -1000000;  // a field that does not apply to the call
-
-struct CallInfo {
-  const char* op;
-  int64_t count = 0;
-  const char* dtype = "-";
-  int64_t bytes = 0;
-  int root = kUnset;
-  int dest = kUnset;
-  int source = kUnset;
-  int send_tag = kUnset;
-  int recv_tag = kUnset;
-};
-
 void LogCall(const CallInfo& call, int rank, double seconds, int error_code);
+
+// Counts of handler calls, always on (two atomic updates a call): the token
+// chain must keep at most one MPI call in flight per process, and
+// max_in_flight shows whether it did.
+struct CallStats {
+  int64_t calls = 0;
+  int64_t in_flight = 0;
+  int64_t max_in_flight = 0;
+};
+CallStats Stats();
+void ResetStats();  // zeroes calls and max_in_flight
+
+// Marks one handler call in flight for its lifetime.
+class InFlight {
+ public:
+  InFlight();
+  ~InFlight();
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+};
 
 }  // namespace mpijax

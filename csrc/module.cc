@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "check.h"
 #include "handlers.h"
 #include "log.h"
 #include "mpi_calls.h"
@@ -91,6 +92,19 @@ NB_MODULE(_core, m) {
 
   m.def("set_logging", &SetLogEnabled);
   m.def("logging", &LogEnabled);
+  m.def("set_check", &SetCheckEnabled);
+  m.def("check", &CheckEnabled);
+  m.def("set_timeout", &mpi::SetTimeout);
+  m.def("timeout", &mpi::Timeout);
+  m.def("stats", [] {
+    const CallStats s = Stats();
+    nb::dict d;
+    d["calls"] = s.calls;
+    d["in_flight"] = s.in_flight;
+    d["max_in_flight"] = s.max_in_flight;
+    return d;
+  });
+  m.def("reset_stats", &ResetStats);
   m.def("set_count_limit", &mpi::SetCountLimit);
   m.def("count_limit", &mpi::CountLimit);
 }

@@ -2,12 +2,57 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
+#include <thread>
 
 namespace mpijax::mpi {
 namespace {
 
 std::atomic<int64_t> count_limit{INT_MAX};
+std::atomic<double> timeout{0.0};
+
+// Polls up to two requests (a receive first) until both complete or the
+// timeout passes. On timeout, point-to-point requests are let go: the
+// receive cancelled, the send freed (it may still complete).
+int Await(MPI_Request (&requests)[2], bool point_to_point, MPI_Status* status) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(Timeout());
+  MPI_Status statuses[2];
+  int done = 0;
+  while (true) {
+    const int rc = MPI_Testall(2, requests, &done, statuses);
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (const MPI_Status& s : statuses) {
+        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) return s.MPI_ERROR;
+      }
+    }
+    if (rc) return rc;
+    if (done) break;
+    if (Clock::now() > deadline) {
+      if (point_to_point) {
+        if (requests[0] != MPI_REQUEST_NULL) MPI_Cancel(&requests[0]);
+        for (MPI_Request& r : requests) {
+          if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+        }
+      }
+      return kTimedOut;
+    }
+    std::this_thread::yield();  // ranks may share cores
+  }
+  if (status != MPI_STATUS_IGNORE) *status = statuses[0];
+  return MPI_SUCCESS;
+}
+
+// Runs `blocking()`, or with a timeout `start(requests)` and Await.
+template <class Blocking, class Start>
+int Complete(Blocking blocking, Start start, bool point_to_point = false,
+             MPI_Status* status = MPI_STATUS_IGNORE) {
+  if (Timeout() <= 0) return blocking();
+  MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  if (int rc = start(requests)) return rc;
+  return Await(requests, point_to_point, status);
+}
 
 // Calls `call(src, dst, n)` on consecutive chunks of at most CountLimit()
 // elements, at least once so that zero-size reductions still take part.
@@ -38,6 +83,9 @@ int64_t CountLimit() { return count_limit.load(std::memory_order_relaxed); }
 void SetCountLimit(int64_t limit) {
   count_limit.store(std::clamp<int64_t>(limit, 1, INT_MAX), std::memory_order_relaxed);
 }
+
+double Timeout() { return timeout.load(std::memory_order_relaxed); }
+void SetTimeout(double seconds) { timeout.store(std::max(seconds, 0.0), std::memory_order_relaxed); }
 
 Block::Block(int64_t count, MPI_Datatype element) {
   if (element == MPI_DATATYPE_NULL) {
@@ -88,14 +136,19 @@ Block::~Block() {
 int Send(const void* buf, int64_t count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Send(buf, b.count(), b.type(), dest, tag, comm);
+  return Complete([&] { return MPI_Send(buf, b.count(), b.type(), dest, tag, comm); },
+                  [&](MPI_Request* r) { return MPI_Isend(buf, b.count(), b.type(), dest, tag, comm, r); },
+                  true);
 }
 
 int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
          MPI_Status* status) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Recv(buf, b.count(), b.type(), source, tag, comm, status);
+  return Complete(
+      [&] { return MPI_Recv(buf, b.count(), b.type(), source, tag, comm, status); },
+      [&](MPI_Request* r) { return MPI_Irecv(buf, b.count(), b.type(), source, tag, comm, r); },
+      true, status);
 }
 
 int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int dest, int send_tag,
@@ -114,44 +167,75 @@ int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int d
     if (int rc = MPI_Type_size(recv_type, &recv_size)) return rc;
     if (send_count * send_size > recv_count * recv_size) return MPI_ERR_TRUNCATE;
   }
-  return MPI_Sendrecv(send, s.count(), s.type(), dest, send_tag, recv, r.count(), r.type(), source,
-                      recv_tag, comm, status);
+  return Complete(
+      [&] {
+        return MPI_Sendrecv(send, s.count(), s.type(), dest, send_tag, recv, r.count(), r.type(),
+                            source, recv_tag, comm, status);
+      },
+      [&](MPI_Request* q) {
+        const int rc = MPI_Irecv(recv, r.count(), r.type(), source, recv_tag, comm, &q[0]);
+        return rc ? rc : MPI_Isend(send, s.count(), s.type(), dest, send_tag, comm, &q[1]);
+      },
+      true, status);
+}
+
+int Barrier(MPI_Comm comm) {
+  return Complete([&] { return MPI_Barrier(comm); },
+                  [&](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
 }
 
 int Bcast(void* buf, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Bcast(buf, b.count(), b.type(), root, comm);
+  return Complete([&] { return MPI_Bcast(buf, b.count(), b.type(), root, comm); },
+                  [&](MPI_Request* r) { return MPI_Ibcast(buf, b.count(), b.type(), root, comm, r); });
 }
 
 int Gather(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Gather(in, b.count(), b.type(), out, b.count(), b.type(), root, comm);
+  return Complete(
+      [&] { return MPI_Gather(in, b.count(), b.type(), out, b.count(), b.type(), root, comm); },
+      [&](MPI_Request* r) {
+        return MPI_Igather(in, b.count(), b.type(), out, b.count(), b.type(), root, comm, r);
+      });
 }
 
 int Scatter(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Scatter(in, b.count(), b.type(), out, b.count(), b.type(), root, comm);
+  return Complete(
+      [&] { return MPI_Scatter(in, b.count(), b.type(), out, b.count(), b.type(), root, comm); },
+      [&](MPI_Request* r) {
+        return MPI_Iscatter(in, b.count(), b.type(), out, b.count(), b.type(), root, comm, r);
+      });
 }
 
 int Allgather(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Allgather(in, b.count(), b.type(), out, b.count(), b.type(), comm);
+  return Complete(
+      [&] { return MPI_Allgather(in, b.count(), b.type(), out, b.count(), b.type(), comm); },
+      [&](MPI_Request* r) {
+        return MPI_Iallgather(in, b.count(), b.type(), out, b.count(), b.type(), comm, r);
+      });
 }
 
 int Alltoall(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return MPI_Alltoall(in, b.count(), b.type(), out, b.count(), b.type(), comm);
+  return Complete(
+      [&] { return MPI_Alltoall(in, b.count(), b.type(), out, b.count(), b.type(), comm); },
+      [&](MPI_Request* r) {
+        return MPI_Ialltoall(in, b.count(), b.type(), out, b.count(), b.type(), comm, r);
+      });
 }
 
 int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
               MPI_Comm comm) {
   return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {
-    return MPI_Allreduce(src, dst, n, type, op, comm);
+    return Complete([&] { return MPI_Allreduce(src, dst, n, type, op, comm); },
+                    [&](MPI_Request* r) { return MPI_Iallreduce(src, dst, n, type, op, comm, r); });
   });
 }
 
@@ -161,7 +245,11 @@ int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op o
   if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
   return Chunked(in, rank == root ? out : nullptr, count, type, op,
                  [&](const void* src, void* dst, int n) {
-                   return MPI_Reduce(src, dst, n, type, op, root, comm);
+                   return Complete(
+                       [&] { return MPI_Reduce(src, dst, n, type, op, root, comm); },
+                       [&](MPI_Request* r) {
+                         return MPI_Ireduce(src, dst, n, type, op, root, comm, r);
+                       });
                  });
 }
 
@@ -174,8 +262,15 @@ int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MP
 int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, bool exclusive,
          MPI_Comm comm) {
   return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {
-    return exclusive ? MPI_Exscan(src, dst, n, type, op, comm)
-                     : MPI_Scan(src, dst, n, type, op, comm);
+    return Complete(
+        [&] {
+          return exclusive ? MPI_Exscan(src, dst, n, type, op, comm)
+                           : MPI_Scan(src, dst, n, type, op, comm);
+        },
+        [&](MPI_Request* r) {
+          return exclusive ? MPI_Iexscan(src, dst, n, type, op, comm, r)
+                           : MPI_Iscan(src, dst, n, type, op, comm, r);
+        });
   });
 }
 

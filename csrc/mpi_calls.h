@@ -3,7 +3,16 @@
 // described by a derived datatype (data movement) or split into chunks
 // (reductions, whose predefined ops only apply to predefined types).
 // Every function returns an MPI error code: MPI_ERR_TYPE for MPI_DATATYPE_NULL
-// and MPI_ERR_OP for MPI_OP_NULL, which callers pass for what they cannot map.
+// and MPI_ERR_OP for MPI_OP_NULL, which callers pass for what they cannot map,
+// or kTimedOut.
+//
+// The watchdog (MPIJAX_TIMEOUT): with a timeout set, each call starts the
+// nonblocking form and polls it, and gives up with kTimedOut once it has not
+// completed in time. A timed-out receive is cancelled; a collective cannot be
+// (MPI forbids it) and stays pending, so its communicator is best not used
+// again. Without a timeout the blocking forms run, which MPI libraries tune
+// better than the nonblocking ones. Since MPI never matches a blocking
+// collective with a nonblocking one, every rank must use the same setting.
 #pragma once
 
 #include <mpi.h>
@@ -16,6 +25,11 @@ namespace mpijax::mpi {
 // that the large-count paths run on small arrays.
 int64_t CountLimit();
 void SetCountLimit(int64_t limit);
+
+// Seconds a call may wait; 0 waits forever.
+double Timeout();
+void SetTimeout(double seconds);
+inline constexpr int kTimedOut = -1;  // MPI error codes are >= 0
 
 // `count` elements of `element` as one (int count, datatype) pair.
 class Block {
@@ -43,6 +57,7 @@ int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int d
              void* recv, int64_t recv_count, MPI_Datatype recv_type, int source, int recv_tag,
              MPI_Comm comm, MPI_Status* status);
 
+int Barrier(MPI_Comm comm);
 // `count` is the per-rank block for the rooted and all-to-all collectives.
 int Bcast(void* buf, int64_t count, MPI_Datatype type, int root, MPI_Comm comm);
 int Gather(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm);

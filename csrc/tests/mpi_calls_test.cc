@@ -1,4 +1,5 @@
-// The large-count paths, run on small arrays by lowering the per-call limit.
+// The large-count paths, run on small arrays by lowering the per-call limit,
+// each with the blocking calls and with the watchdog's nonblocking ones.
 #include "mpi_calls.h"
 
 #include <gtest/gtest.h>
@@ -6,19 +7,25 @@
 
 #include <climits>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 namespace mpijax::mpi {
 namespace {
 
-class MpiCalls : public ::testing::TestWithParam<int64_t> {
+class MpiCalls : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {
  protected:
   void SetUp() override {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     SetCountLimit(3);
+    SetTimeout(std::get<1>(GetParam()) ? 60.0 : 0.0);
   }
-  void TearDown() override { SetCountLimit(INT_MAX); }
+  void TearDown() override {
+    SetCountLimit(INT_MAX);
+    SetTimeout(0.0);
+  }
+  int64_t Count() const { return std::get<0>(GetParam()); }
 
   // Distinct values per rank and position.
   std::vector<int> Data(int rank, int64_t n) const {
@@ -31,7 +38,7 @@ class MpiCalls : public ::testing::TestWithParam<int64_t> {
 };
 
 TEST_P(MpiCalls, Collectives) {
-  const int64_t n = GetParam();
+  const int64_t n = Count();
   const int root = size_ - 1;
   const auto mine = Data(rank_, n);
   std::vector<int> all, stacked;
@@ -70,7 +77,7 @@ TEST_P(MpiCalls, Collectives) {
 }
 
 TEST_P(MpiCalls, Reductions) {
-  const int64_t n = GetParam();
+  const int64_t n = Count();
   const int root = 0;
   std::vector<int> sum(n, 0), prefix(n, 0);
   for (int r = 0; r < size_; ++r) {
@@ -110,7 +117,7 @@ TEST_P(MpiCalls, Reductions) {
 }
 
 TEST_P(MpiCalls, SendrecvRing) {
-  const int64_t n = GetParam();
+  const int64_t n = Count();
   const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
   std::vector<int> out(n + 2, -1);
   MPI_Status status;
@@ -125,7 +132,8 @@ TEST_P(MpiCalls, SendrecvRing) {
   EXPECT_EQ(status.MPI_SOURCE, prev);
 }
 
-INSTANTIATE_TEST_SUITE_P(Counts, MpiCalls, ::testing::Values(0, 2, 3, 6, 10));
+INSTANTIATE_TEST_SUITE_P(Counts, MpiCalls,
+                         ::testing::Combine(::testing::Values(0, 2, 3, 6, 10), ::testing::Bool()));
 
 TEST(Block, DescribesLargeCountsWithOneDerivedType) {
   SetCountLimit(4);

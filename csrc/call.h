@@ -1,0 +1,39 @@
+// What one handler call is about to do, for the debug log, error messages and
+// check mode alike.
+#pragma once
+
+#include <cstdint>
+
+namespace mpijax {
+
+inline constexpr int kUnset = -1000000;  // a field that does not apply to the call
+
+// An array shape. Arrays of more than kMaxDims dimensions keep their first
+// kMaxDims - 1 and fold the rest into the last, which still tells equal
+// shapes from different ones wherever the element counts differ.
+struct Shape {
+  static constexpr int kMaxDims = 8;
+  int ndim = 0;
+  int64_t dims[kMaxDims] = {};
+};
+
+struct CallInfo {
+  const char* op;
+  int64_t count = 0;
+  const char* dtype = "-";
+  int64_t bytes = 0;
+  Shape shape;  // of the buffer that count and dtype describe
+  int root = kUnset;
+  int reduction = kUnset;  // a Reduction code
+  int dest = kUnset;
+  int source = kUnset;
+  int send_tag = kUnset;
+  int recv_tag = kUnset;
+  // sendrecv only: the receive buffer (the fields above describe the send).
+  const char* recv_dtype = nullptr;
+  Shape recv_shape;
+};
+
+inline bool PointToPoint(const CallInfo& call) { return call.dest != kUnset || call.source != kUnset; }
+
+}  // namespace mpijax

@@ -1,0 +1,167 @@
+#include "check.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "mpi_calls.h"
+#include "reductions.h"
+
+namespace mpijax {
+namespace {
+
+std::atomic<bool> enabled{false};
+
+// What a rank is about to do, as it travels between ranks: fixed size, and
+// zeroed through so that equal signatures compare equal byte for byte.
+struct Signature {
+  char op[24];
+  char dtype[16];
+  int32_t root, reduction, tag, ndim;
+  int64_t dims[Shape::kMaxDims];
+};
+
+Signature Sign(const char* op, const char* dtype, const Shape& shape, int root, int reduction,
+               int tag) {
+  Signature s;
+  std::memset(&s, 0, sizeof s);
+  std::strncpy(s.op, op, sizeof s.op - 1);
+  std::strncpy(s.dtype, dtype, sizeof s.dtype - 1);
+  s.root = root;
+  s.reduction = reduction;
+  s.tag = tag;
+  s.ndim = shape.ndim;
+  std::copy(shape.dims, shape.dims + Shape::kMaxDims, s.dims);
+  return s;
+}
+
+bool Same(const Signature& a, const Signature& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+std::string Array(const Signature& s) {
+  std::string text = std::string(s.dtype) + "[";
+  for (int i = 0; i < std::min(s.ndim, Shape::kMaxDims); ++i) {
+    text += (i ? ", " : "") + std::to_string(s.dims[i]);
+  }
+  return text + "]";
+}
+
+std::string Collective(const Signature& s) {
+  std::string text = s.op;
+  if (s.reduction >= 0 && s.reduction < kNumReductions) {
+    text += std::string("(") + ReductionName(static_cast<Reduction>(s.reduction)) + ")";
+  }
+  text += " of " + Array(s);
+  if (s.root != kUnset) text += " with root " + std::to_string(s.root);
+  return text;
+}
+
+// "ranks 0, 2 called allreduce(SUM) of float32[4]; rank 1 called ...".
+std::string Tally(const std::vector<Signature>& all) {
+  std::string text;
+  std::vector<bool> listed(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (listed[r]) continue;
+    std::string ranks;
+    int n = 0;
+    for (size_t q = r; q < all.size(); ++q) {
+      if (listed[q] || !Same(all[q], all[r])) continue;
+      listed[q] = true;
+      ranks += (n++ ? ", " : "") + std::to_string(q);
+    }
+    text += (text.empty() ? "" : "; ") + std::string(n > 1 ? "ranks " : "rank ") + ranks +
+            " called " + Collective(all[r]);
+  }
+  return text;
+}
+
+int AgreeCollective(const CallInfo& call, MPI_Comm comm, std::string* mismatch) {
+  int size;
+  if (int rc = MPI_Comm_size(comm, &size)) return rc;
+  const Signature mine = Sign(call.op, call.dtype, call.shape, call.root, call.reduction, kUnset);
+  std::vector<Signature> all(size);
+  if (int rc = mpi::Allgather(&mine, all.data(), sizeof mine, MPI_BYTE, comm)) return rc;
+  const bool agree =
+      std::all_of(all.begin(), all.end(), [&](const Signature& s) { return Same(s, all[0]); });
+  if (!agree) *mismatch = "mpijax check mode: the ranks disagree on a collective call: " + Tally(all);
+  return MPI_SUCCESS;
+}
+
+std::string Tag(int tag) { return tag == MPI_ANY_TAG ? "ANY_TAG" : std::to_string(tag); }
+
+// A message fits what its receiver expects: same dtype and shape, and the
+// tag asked for (or any).
+bool Fits(const Signature& sent, const Signature& wanted) {
+  return std::strcmp(sent.dtype, wanted.dtype) == 0 && sent.ndim == wanted.ndim &&
+         std::equal(sent.dims, sent.dims + Shape::kMaxDims, wanted.dims) &&
+         (wanted.tag == MPI_ANY_TAG || wanted.tag == sent.tag);
+}
+
+std::string Pair(int sender, const Signature& sent, int receiver, const Signature& wanted) {
+  return "rank " + std::to_string(sender) + " sends " + Array(sent) + " with tag " +
+         Tag(sent.tag) + " (" + sent.op + "), rank " + std::to_string(receiver) + " expects " +
+         Array(wanted) + " with tag " + Tag(wanted.tag) + " (" + wanted.op + ")";
+}
+
+// Both directions at once (either may be MPI_PROC_NULL): round one carries
+// senders' announcements, round two receivers' answers. A direction that does
+// not fit becomes MPI_PROC_NULL on both of its ends, so that the rest of the
+// exchange (the other half of a sendrecv) still completes everywhere.
+int AgreePair(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
+  int rank;
+  if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
+  const int dest = call.dest == kUnset ? MPI_PROC_NULL : call.dest;
+  const int source = call.source == kUnset ? MPI_PROC_NULL : call.source;
+  const Signature outgoing = Sign(call.op, call.dtype, call.shape, kUnset, kUnset, call.send_tag);
+  const Signature expected =
+      call.recv_dtype ? Sign(call.op, call.recv_dtype, call.recv_shape, kUnset, kUnset, call.recv_tag)
+                      : Sign(call.op, call.dtype, call.shape, kUnset, kUnset, call.recv_tag);
+  Signature announced{}, answer{};
+  MPI_Status status;
+  const int announce = CheckTag(false), reply = CheckTag(true);
+  if (int rc = mpi::Sendrecv(&outgoing, sizeof outgoing, MPI_BYTE, dest, announce, &announced,
+                             sizeof announced, MPI_BYTE, source, announce, comm, &status)) {
+    return rc;
+  }
+  const int sender = source == MPI_PROC_NULL ? MPI_PROC_NULL : status.MPI_SOURCE;
+  if (int rc = mpi::Sendrecv(&expected, sizeof expected, MPI_BYTE, sender, reply, &answer,
+                             sizeof answer, MPI_BYTE, dest, reply, comm, MPI_STATUS_IGNORE)) {
+    return rc;
+  }
+  std::string text;
+  if (sender != MPI_PROC_NULL) {
+    call.source = sender;
+    call.recv_tag = announced.tag;
+    if (!Fits(announced, expected)) {
+      text = Pair(sender, announced, rank, expected);
+      call.source = MPI_PROC_NULL;
+    }
+  }
+  if (dest != MPI_PROC_NULL && !Fits(outgoing, answer)) {
+    text += (text.empty() ? "" : "; ") + Pair(rank, outgoing, dest, answer);
+    call.dest = MPI_PROC_NULL;
+  }
+  if (!text.empty()) *mismatch = "mpijax check mode: a message does not match its receive: " + text;
+  return MPI_SUCCESS;
+}
+
+}  // namespace
+
+bool CheckEnabled() { return enabled.load(std::memory_order_relaxed); }
+void SetCheckEnabled(bool on) { enabled.store(on, std::memory_order_relaxed); }
+
+int CheckTag(bool reply) {
+  void* value = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found);
+  const int upper = found ? *static_cast<int*>(value) : 32767;  // the least MPI allows
+  return reply ? upper : upper - 1;
+}
+
+int Agree(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
+  return PointToPoint(call) ? AgreePair(call, comm, mismatch)
+                            : AgreeCollective(call, comm, mismatch);
+}
+
+}  // namespace mpijax
