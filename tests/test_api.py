@@ -29,11 +29,18 @@ MPI4JAX_SIGNATURES = {
     "token=NOTSET)",
     "has_cuda_support": "()",
 }
+# mpijax's own additions: the reliability switches (docs/failure-modes.md).
+MPIJAX_EXTRAS = {
+    "call_stats": "(*, reset=False)",
+    "set_check": "(enabled=True)",
+    "set_timeout": "(seconds)",
+}
 
 
 def test_public_names_and_signatures():
-    assert sorted(mpijax.__all__) == sorted(MPI4JAX_SIGNATURES)
-    for name, signature in MPI4JAX_SIGNATURES.items():
+    public = MPI4JAX_SIGNATURES | MPIJAX_EXTRAS
+    assert sorted(mpijax.__all__) == sorted(public)
+    for name, signature in public.items():
         assert str(inspect.signature(getattr(mpijax, name))) == signature, name
 
 

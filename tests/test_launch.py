@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -31,7 +32,8 @@ def mpirun(tmp_path, source, n=2, env=None, timeout=120):
     script.write_text(textwrap.dedent(source))
     clean = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
     clean.update({"OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})})  # Open MPI: more ranks than cores
-    command = [shutil.which("mpirun"), "-n", str(n), sys.executable, str(script)]
+    launcher = os.environ.get("MPIJAX_MPIRUN") or shutil.which("mpirun")  # MPICH: mpirun.mpich
+    command = [launcher, "-n", str(n), sys.executable, str(script)]
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
@@ -148,3 +150,57 @@ def test_seed_send_recv_with_tokens(tmp_path, n):
 def test_seed_mpi4py_and_mpijax_on_separate_communicators(tmp_path, n):
     result, out = run_example(tmp_path, SEED / "mpi4py_and_mpijax.py", n)
     assert result.returncode == 0, result.stderr
+
+
+# Faults: a job whose rank fails must end, with a message, never hang. -------
+
+FAULT_PREAMBLE = """
+    import os, signal, sys, time
+    import jax, jax.numpy as jnp
+    from mpi4py import MPI
+    import mpijax
+    rank = MPI.COMM_WORLD.Get_rank()
+    """
+
+FAULTS = {
+    # rank 1 raises while rank 0 waits for it in an allreduce
+    "uncaught exception": (
+        "if rank == 1: raise RuntimeError('boom')\nmpijax.allreduce(jnp.ones(2), MPI.SUM)",
+        {},
+        r"mpijax: rank 1 of 2 ended with an uncaught RuntimeError; aborting the job",
+    ),
+    # rank 1 is killed while rank 0 waits for its message
+    "killed rank": (
+        "if rank == 1: os.kill(os.getpid(), signal.SIGKILL)\nmpijax.recv(jnp.ones(2), 1)",
+        {},
+        r"signal 9|Killed|KILLED",
+    ),
+    # rank 1 leaves cleanly before a barrier: rank 0's watchdog ends the wait
+    "rank that leaves early": (
+        "if rank == 1: sys.exit(0)\nmpijax.barrier()",
+        {"MPIJAX_TIMEOUT": "3"},
+        r"mpijax\.barrier on rank 0 of 2 timed out after 3 s",
+    ),
+    # a recv that no rank sends to, under the watchdog
+    "receive without a sender": (
+        "mpijax.recv(jnp.ones(2), 1 - rank, tag=5)",
+        {"MPIJAX_TIMEOUT": "3"},
+        r"mpijax\.recv on rank \d of 2 timed out after 3 s .* from rank \d with tag 5",
+    ),
+    # ranks disagree on a shape: check mode raises on both, nothing hangs
+    "mismatched shapes in check mode": (
+        "mpijax.allreduce(jnp.ones(2 + rank), MPI.SUM)",
+        {"MPIJAX_CHECK": "1"},
+        r"rank 0 called allreduce\(SUM\) of float32\[2\]; rank 1 called allreduce\(SUM\) of float32\[3\]",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_ends_the_job_with_a_message(tmp_path, fault):
+    body, env, says = FAULTS[fault]
+    started = time.monotonic()
+    result = mpirun(tmp_path, textwrap.dedent(FAULT_PREAMBLE) + body + "\n", env=env, timeout=90)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60
+    assert re.search(says, result.stdout + result.stderr), result.stderr

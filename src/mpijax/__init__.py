@@ -5,7 +5,7 @@ from ._src.ops import transposes as _transposes  # noqa: F401  (registers the tr
 from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, reduce, scan
-from ._src.runtime import has_cuda_support
+from ._src.runtime import call_stats, has_cuda_support, set_check, set_timeout
 
 __version__ = "0.1.0"
 
@@ -15,6 +15,7 @@ __all__ = [
     "alltoall",
     "barrier",
     "bcast",
+    "call_stats",
     "gather",
     "has_cuda_support",
     "recv",
@@ -23,4 +24,6 @@ __all__ = [
     "scatter",
     "send",
     "sendrecv",
+    "set_check",
+    "set_timeout",
 ]

@@ -1,5 +1,6 @@
 """Communicators: the default one, and the small ids that compiled programs carry."""
 
+import time
 from typing import NamedTuple
 
 from mpi4py import MPI
@@ -17,20 +18,36 @@ _infos: dict[int, CommInfo] = {}
 _default = None
 
 
-def default_comm():
+def default_comm(op="default_comm"):
     """mpijax's private duplicate of COMM_WORLD (collective on first use), so
-    that its messages never match the user's own mpi4py messages."""
+    that its messages never match the user's own mpi4py messages. Under the
+    watchdog the duplication is nonblocking and bounded like any other call."""
     global _default
     if _default is None:
-        _default = MPI.COMM_WORLD.Dup()
-        _default.Set_errhandler(MPI.ERRORS_RETURN)
+        world = MPI.COMM_WORLD
+        timeout = core.timeout()
+        if timeout > 0:
+            comm, request = world.Idup()
+            deadline = time.monotonic() + timeout
+            while not request.Test():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"mpijax.{op} on rank {world.Get_rank()} of {world.Get_size()} timed out after "
+                        f"{timeout:g} s (MPIJAX_TIMEOUT) waiting for the other ranks of COMM_WORLD to "
+                        "create mpijax's default communicator (their first mpijax call)"
+                    )
+                time.sleep(0)  # ranks may share cores
+        else:
+            comm = world.Dup()
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        _default = comm
     return _default
 
 
 def resolve(comm, op):
     """Validate `comm` (None means the default) and return its CommInfo."""
     if comm is None:
-        comm = default_comm()
+        comm = default_comm(op)
     if not isinstance(comm, MPI.Comm):
         raise TypeError(
             f"mpijax.{op}: comm must be an mpi4py communicator (mpi4py.MPI.Comm), got {type(comm).__name__}"

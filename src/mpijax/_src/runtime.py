@@ -1,7 +1,8 @@
-"""Loads the C++ extension: checks that it runs on mpi4py's MPI library and
-registers the FFI handlers with XLA."""
+"""Loads the C++ extension: checks that it runs on mpi4py's MPI library,
+registers the FFI handlers with XLA, and applies the MPIJAX_* settings."""
 
 import os
+import sys
 
 import jax
 from mpi4py import MPI  # initialises MPI before any handler can run
@@ -45,6 +46,74 @@ if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
 # which runs after every atexit function.
 for _name, _capsule in core.ffi_targets().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def set_check(enabled=True):
+    """Check mode: before each MPI call the ranks involved agree on what they
+    are about to do (op, dtype, shape, root, tag), and a disagreement raises
+    on each of them, saying which rank passed what, instead of hanging or
+    corrupting data. Costs one small extra message per call. Takes effect at
+    once, also for compiled functions. Set it alike on every rank (the
+    agreement is itself a message). Same as MPIJAX_CHECK=1."""
+    core.set_check(bool(enabled))
+
+
+def set_timeout(seconds):
+    """The watchdog: an MPI call that waits longer than `seconds` raises,
+    naming the op, the rank and whom it waits for. None or 0 waits forever.
+    Takes effect at once, also for compiled functions. Set it alike on every
+    rank: with a timeout the nonblocking forms of the collectives run, and
+    MPI never matches a blocking collective with a nonblocking one. Same as
+    MPIJAX_TIMEOUT=seconds."""
+    seconds = 0.0 if seconds is None else float(seconds)
+    if not seconds >= 0:
+        raise ValueError(f"mpijax.set_timeout: seconds must be >= 0 or None, got {seconds}")
+    core.set_timeout(seconds)
+
+
+def call_stats(*, reset=False):
+    """Counts of MPI calls made by this process's handlers: `calls`,
+    `in_flight` (now) and `max_in_flight` (the most at once, which program
+    order keeps at 1). `reset=True` zeroes calls and max_in_flight after
+    reading them."""
+    stats = core.stats()
+    if reset:
+        core.reset_stats()
+    return stats
+
+
+def _settings_from_environment():
+    flag = os.environ.get("MPIJAX_CHECK", "")
+    set_check(flag not in ("", "0"))
+    timeout = os.environ.get("MPIJAX_TIMEOUT", "")
+    try:
+        set_timeout(float(timeout) if timeout else None)
+    except ValueError:
+        raise ValueError(f"MPIJAX_TIMEOUT must be a number of seconds, got {timeout!r}") from None
+
+
+def _abort_after(previous_hook):
+    """An uncaught exception ends this rank, while the others may wait for it
+    forever in an MPI call: after the usual traceback, abort the whole job."""
+
+    def hook(kind, value, traceback):
+        previous_hook(kind, value, traceback)
+        world = MPI.COMM_WORLD
+        if world.Get_size() > 1 and not MPI.Is_finalized():
+            sys.stderr.write(
+                f"mpijax: rank {world.Get_rank()} of {world.Get_size()} ended with an uncaught "
+                f"{kind.__name__}; aborting the job so that the other ranks do not wait for it "
+                "(MPIJAX_ABORT_ON_EXCEPTION=0 turns this off)\n"
+            )
+            sys.stderr.flush()
+            world.Abort(1)
+
+    return hook
+
+
+_settings_from_environment()
+if os.environ.get("MPIJAX_ABORT_ON_EXCEPTION", "1") != "0":
+    sys.excepthook = _abort_after(sys.excepthook)
 
 
 def has_cuda_support():

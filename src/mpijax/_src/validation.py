@@ -35,7 +35,8 @@ def rank(value, name, comm, op, *, allow=()):
 
 
 # MPI guarantees the attribute on COMM_WORLD only; it bounds tags on every communicator.
-_TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+# The two highest tags are check mode's handshakes (csrc/check.h).
+_TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 2
 
 
 def tag(value, name, op, *, allow_any=False):
@@ -43,7 +44,10 @@ def tag(value, name, op, *, allow_any=False):
     if (allow_any and value == MPI.ANY_TAG) or 0 <= value <= _TAG_UB:
         return value
     extra = " or MPI.ANY_TAG" if allow_any else ""
-    raise ValueError(f"mpijax.{op}: {name}={value} is out of range (expected 0 <= {name} <= {_TAG_UB}{extra})")
+    raise ValueError(
+        f"mpijax.{op}: {name}={value} is out of range (expected 0 <= {name} <= {_TAG_UB}{extra}; "
+        "the two tags above are reserved for check mode)"
+    )
 
 
 _CONSTANTS = {MPI.ANY_SOURCE: "ANY_SOURCE", MPI.PROC_NULL: "PROC_NULL"}

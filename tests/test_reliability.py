@@ -1,0 +1,240 @@
+"""Check mode, the watchdog, and one MPI call in flight at a time."""
+
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpijax
+
+from reference import MODES, RANK, SIZE, all_data, assert_equal, data
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+needs_two = pytest.mark.skipif(SIZE < 2, reason="needs a second rank to disagree with")
+
+
+@pytest.fixture
+def check():
+    mpijax.set_check(True)
+    yield
+    mpijax.set_check(False)
+
+
+@pytest.fixture
+def timeout():
+    mpijax.set_timeout(0.5)
+    yield 0.5
+    mpijax.set_timeout(None)
+
+
+# Check mode ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_check_mode_runs_agreeing_programs_unchanged(comm, check, mode):
+    """Every op, with check mode on, gives the NumPy reference."""
+    x = jnp.asarray(data((3, 2), "float32", RANK))
+    xs = all_data((3, 2), "float32")
+    block = jnp.asarray(np.stack(all_data((2,), "int32"))) + 10 * RANK
+
+    def program(x, block):
+        status = MPI.Status()
+        return (
+            mpijax.allreduce(x, MPI.MAX, comm=comm),
+            mpijax.reduce(x, MPI.SUM, SIZE - 1, comm=comm),
+            mpijax.scan(x, MPI.SUM, comm=comm),
+            mpijax.bcast(x, SIZE - 1, comm=comm),
+            mpijax.gather(x, 0, comm=comm),
+            mpijax.scatter(block if RANK == 0 else block[0], 0, comm=comm),
+            mpijax.allgather(x, comm=comm),
+            mpijax.alltoall(block, comm=comm),
+            mpijax.sendrecv(x, x, PREV, NEXT, comm=comm, status=status),
+            mpijax.barrier(comm=comm),
+        )
+
+    out = MODES[mode](program)(x, block)
+    blocks = [np.stack(all_data((2,), "int32")) + 10 * r for r in range(SIZE)]
+    assert_equal(out[0], np.max(xs, axis=0))
+    assert_equal(out[1], np.sum(xs, axis=0) if RANK == SIZE - 1 else xs[RANK])
+    assert_equal(out[2], np.sum(xs[: RANK + 1], axis=0))
+    assert_equal(out[3], xs[SIZE - 1])
+    assert_equal(out[4], np.stack(xs) if RANK == 0 else xs[RANK])
+    assert_equal(out[5], blocks[0][RANK])
+    assert_equal(out[6], np.stack(xs))
+    assert_equal(out[7], np.stack([b[RANK] for b in blocks]))
+    assert_equal(out[8], xs[PREV])
+
+
+def test_check_mode_keeps_any_source_working(comm, check):
+    """recv from ANY_SOURCE with ANY_TAG takes the message of the rank it
+    shook hands with; status says which."""
+    if SIZE < 2:
+        pytest.skip("needs a sender")
+    status = MPI.Status()
+    if RANK == 0:
+        got = [mpijax.recv(jnp.zeros(3), comm=comm, status=status) for _ in range(SIZE - 1)]
+        senders = sorted(int(g[0]) for g in got)
+        assert senders == list(range(1, SIZE))
+        assert status.Get_tag() == 7 and status.Get_source() in senders
+    else:
+        mpijax.send(jnp.full(3, float(RANK)), 0, tag=7, comm=comm)
+
+
+X4 = jnp.ones(4, jnp.float32)
+
+
+def disagreeing(rank_one, others):
+    return rank_one if RANK == 1 else others
+
+
+MISMATCHES = {
+    "shape": (
+        lambda comm: mpijax.allreduce(jnp.ones(disagreeing(5, 4), jnp.float32), MPI.SUM, comm=comm),
+        r"rank 1 called allreduce\(SUM\) of float32\[5\]",
+    ),
+    "dtype": (
+        lambda comm: mpijax.allreduce(jnp.ones(4, disagreeing(jnp.float64, jnp.float32)), MPI.SUM, comm=comm),
+        r"rank 1 called allreduce\(SUM\) of float64\[4\]",
+    ),
+    "root": (
+        lambda comm: mpijax.bcast(jnp.ones(4, jnp.float32), disagreeing(1, 0), comm=comm),
+        r"rank 1 called bcast of float32\[4\] with root 1",
+    ),
+    "op": (
+        lambda comm: mpijax.allreduce(jnp.ones(4, jnp.float32), disagreeing(MPI.MAX, MPI.SUM), comm=comm),
+        r"rank 1 called allreduce\(MAX\) of float32\[4\]",
+    ),
+    "operation": (
+        lambda comm: mpijax.allgather(X4, comm=comm) if RANK == 1 else mpijax.allreduce(X4, MPI.SUM, comm=comm),
+        r"rank 1 called allgather of float32\[4\]",
+    ),
+}
+
+
+@needs_two
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", MISMATCHES)
+def test_check_mode_reports_disagreement_on_every_rank(comm, check, mode, kind):
+    call, says = MISMATCHES[kind]
+    others = "rank 0" if SIZE == 2 else "ranks 0, 2"
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"check mode: the ranks disagree.*{others} called") as e:
+        jax.block_until_ready(MODES[mode](lambda: call(comm))())
+    assert re.search(says, str(e.value))
+    # Nothing ran: the communicator is clean and agrees again.
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@needs_two
+@pytest.mark.parametrize("mode", MODES)
+def test_check_mode_reports_a_mismatched_message_at_both_ends(comm, check, mode):
+    """Rank 0 sends 4 floats, rank 1 expects 5: both raise the same message;
+    further ranks are not involved."""
+
+    def program():
+        if RANK == 0:
+            return mpijax.send(jnp.ones(4, jnp.float32), 1, tag=3, comm=comm)
+        if RANK == 1:
+            return mpijax.recv(jnp.zeros(5, jnp.float32), 0, tag=3, comm=comm)
+        return mpijax.barrier(comm=MPI.COMM_SELF)
+
+    says = r"rank 0 sends float32\[4\] with tag 3 \(send\), rank 1 expects float32\[5\] with tag 3 \(recv\)"
+    if RANK < 2:
+        with pytest.raises(jax.errors.JaxRuntimeError, match=says):
+            jax.block_until_ready(MODES[mode](program)())
+    else:
+        MODES[mode](program)()
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@needs_two
+def test_check_mode_lets_the_matching_half_of_a_sendrecv_complete(comm, check):
+    """In a ring where only rank 1 receives the wrong shape, ranks 0 and 1
+    raise and the rest of the ring completes, so no rank hangs."""
+    size = disagreeing(5, 4)
+    f = jax.jit(lambda s, r: mpijax.sendrecv(s, r, PREV, NEXT, comm=comm))
+    send, receive = jnp.full(4, RANK, jnp.float32), jnp.zeros(size, jnp.float32)
+    if RANK in (0, 1):
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"rank 0 sends float32\[4\].*rank 1 expects float32\[5\]"):
+            jax.block_until_ready(f(send, receive))
+    else:
+        assert_equal(f(send, receive), np.full(4, PREV, np.float32))
+
+
+def test_user_tags_stay_clear_of_the_handshake_tags(comm):
+    top = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+    with pytest.raises(ValueError, match="reserved for check mode"):
+        mpijax.send(jnp.ones(1), 0, tag=top, comm=comm)
+
+
+# Watchdog --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_watchdog_names_the_receive_without_a_sender(comm, timeout, mode):
+    """Each rank waits for a message from itself that nobody sends."""
+    f = MODES[mode](lambda x: mpijax.recv(x, RANK, tag=77, comm=comm))
+    start = time.perf_counter()
+    says = rf"mpijax\.recv on rank {RANK} of {SIZE} timed out after 0\.5 s .* from rank {RANK} with tag 77"
+    with pytest.raises(jax.errors.JaxRuntimeError, match=says):
+        jax.block_until_ready(f(jnp.zeros(2)))
+    assert timeout <= time.perf_counter() - start < 30
+    # The receive was cancelled: the communicator carries on.
+    assert_equal(mpijax.sendrecv(jnp.ones(2), jnp.zeros(2), RANK, RANK, comm=comm), np.ones(2))
+
+
+@needs_two
+def test_watchdog_names_a_collective_that_a_rank_missed(comm, timeout):
+    if RANK == 0:
+        says = rf"waiting for the other ranks of its communicator \(size {SIZE}\) to call barrier"
+        with pytest.raises(jax.errors.JaxRuntimeError, match=says):
+            mpijax.barrier(comm=comm)
+    MPI.COMM_WORLD.Barrier()
+    # Join late, which completes rank 0's abandoned barrier while rank 0 drives
+    # progress from the world barrier. Still with a timeout: MPI never matches
+    # a blocking collective with rank 0's nonblocking one.
+    mpijax.set_timeout(30)
+    if RANK != 0:
+        mpijax.barrier(comm=comm)
+    MPI.COMM_WORLD.Barrier()
+
+
+def test_watchdog_lets_calls_that_complete_through(comm, timeout):
+    x = jnp.asarray(data((1000,), "float64", RANK))
+    f = jax.jit(lambda x: mpijax.allreduce(mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), MPI.SUM, comm=comm))
+    assert_equal(f(x), np.sum(all_data((1000,), "float64"), axis=0))
+
+
+# One call in flight ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_dispatch", [True, False])
+def test_independent_large_ops_in_one_jit_never_overlap(comm, async_dispatch):
+    """16 independent 1 MiB allreduces and allgathers, which XLA:CPU would be
+    free to run concurrently but for the token chain."""
+    previous = jax.config.values["jax_cpu_enable_async_dispatch"]
+    jax.config.update("jax_cpu_enable_async_dispatch", async_dispatch)
+    try:
+        xs = [jnp.full(2**18, float(i + RANK), jnp.float32) for i in range(8)]
+
+        @jax.jit
+        def f(*xs):
+            return [mpijax.allreduce(jnp.sin(x), MPI.SUM, comm=comm) for x in xs] + [
+                mpijax.allgather(x * 2, comm=comm) for x in xs
+            ]
+
+        jax.block_until_ready(f(*xs))  # compile
+        mpijax.call_stats(reset=True)
+        for _ in range(3):
+            out = f(*xs)
+        jax.block_until_ready(out)
+        stats = mpijax.call_stats()
+    finally:
+        jax.config.update("jax_cpu_enable_async_dispatch", previous)
+    assert stats["calls"] == 3 * 16
+    assert stats["max_in_flight"] == 1
+    np.testing.assert_allclose(out[0], sum(np.sin(np.float32(r)) for r in range(SIZE)) * np.ones(2**18), rtol=1e-6)

@@ -1,0 +1,192 @@
+"""Soak and fuzz: long random programs, against NumPy and against mpi4py."""
+
+import resource
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from mpi4py import MPI
+
+import mpijax
+
+from reference import RANK, SIZE, all_data
+
+NEXT = (RANK + 1) % SIZE
+PREV = (RANK - 1) % SIZE
+OPS = ["allreduce", "reduce", "scan", "bcast", "gather", "scatter", "allgather", "alltoall", "sendrecv"]
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+# Soak ------------------------------------------------------------------------
+
+
+def soak_program(rng, comm, length):
+    """A jitted loop whose every step makes `length` random operations on
+    arrays filled with i + rank + k (step i, operation k), and returns the
+    sum of all their results; plus the same sum computed by NumPy."""
+    plan = [
+        (OPS[rng.integers(len(OPS))], int(rng.integers(1, 4097)), int(rng.integers(SIZE)), rng.choice(["f8", "i4"]))
+        for _ in range(length)
+    ]
+
+    def op_sum(op, n, root, dtype, i, k):
+        value = lambda r: i + r + k  # noqa: E731  every rank's fill value
+        everyone = sum(value(r) for r in range(SIZE))
+        return {
+            "allreduce": n * everyone,
+            "reduce": n * (everyone if RANK == root else value(RANK)),
+            "scan": n * sum(value(r) for r in range(RANK + 1)),
+            "bcast": n * value(root),
+            "gather": n * (everyone if RANK == root else value(RANK)),
+            "scatter": n * value(root),
+            "allgather": n * everyone,
+            "alltoall": n * everyone,
+            "sendrecv": n * value(PREV),
+        }[op]
+
+    def call(op, x, root):
+        return {
+            "allreduce": lambda: mpijax.allreduce(x, MPI.SUM, comm=comm),
+            "reduce": lambda: mpijax.reduce(x, MPI.SUM, root, comm=comm),
+            "scan": lambda: mpijax.scan(x, MPI.SUM, comm=comm),
+            "bcast": lambda: mpijax.bcast(x, root, comm=comm),
+            "gather": lambda: mpijax.gather(x, root, comm=comm),
+            "scatter": lambda: mpijax.scatter(x, root, comm=comm),
+            "allgather": lambda: mpijax.allgather(x, comm=comm),
+            "alltoall": lambda: mpijax.alltoall(x, comm=comm),
+            "sendrecv": lambda: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm),
+        }[op]()
+
+    @jax.jit
+    def run(start, steps):
+        def body(i, total):
+            for k, (op, n, root, dtype) in enumerate(plan):
+                stacked = op == "alltoall" or (op == "scatter" and RANK == root)
+                shape = (SIZE, n) if stacked else (n,)
+                x = jnp.full(shape, i + RANK + k, dtype)
+                total += call(op, x, root).astype(jnp.float64).sum()
+            return total
+
+        return lax.fori_loop(start, start + steps, body, jnp.float64(0))
+
+    def expected(start, steps):
+        return float(sum(op_sum(op, n, root, d, i, k) for i in range(start, start + steps)
+                         for k, (op, n, root, d) in enumerate(plan)))  # fmt: skip
+
+    return run, expected
+
+
+@pytest.mark.skipif(SIZE != 2, reason="the soak runs at 2 ranks")
+@pytest.mark.timeout(600)
+def test_soak_100k_operations_with_flat_memory(comm):
+    """10 random programs of 50 operations, 200 steps each: 100,000 MPI
+    operations of 1 to 4096 elements; resident memory must stay flat."""
+    rng = np.random.default_rng(2026)
+    programs = [soak_program(rng, comm, 50) for _ in range(10)]
+    for run, expected in programs:  # compile and check one step of each
+        assert float(run(0, 1)) == expected(0, 1)
+    before = rss_mib()
+    mpijax.call_stats(reset=True)
+    for run, expected in programs:
+        for start in (1, 101):
+            assert float(run(start, 100)) == expected(start, 100)
+    after = rss_mib()
+    calls = mpijax.call_stats()["calls"]
+    assert calls == 100_000
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\n[rank {RANK}] soak: {calls} operations, RSS {before:.1f} -> {after:.1f} MiB, peak {peak:.1f} MiB")
+    assert after - before < 8, f"resident memory grew by {after - before:.1f} MiB over {calls} operations"
+
+
+# Fuzz ------------------------------------------------------------------------
+
+FUZZ_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint32", "float32", "float64", "complex64",
+               "complex128"]  # fmt: skip
+REDUCTIONS = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MIN": MPI.MIN, "MAX": MPI.MAX}
+
+
+def fuzz_case(rng):
+    """One random call, the same on every rank (all draw from one seed)."""
+    op = OPS[rng.integers(len(OPS))]
+    dtype = FUZZ_DTYPES[rng.integers(len(FUZZ_DTYPES))]
+    if op in ("allreduce", "reduce", "scan"):
+        dtype = FUZZ_DTYPES[1 + rng.integers(len(FUZZ_DTYPES) - 1)]  # no reductions on bool
+    names = ["SUM", "PROD"] if dtype.startswith("complex") else list(REDUCTIONS)
+    reduction = names[rng.integers(len(names))]
+    shape = [(), (0,), (int(rng.integers(1, 9)),), (int(rng.integers(1, 5)), int(rng.integers(1, 5)))][rng.integers(4)]
+    if op in ("scatter", "alltoall"):
+        shape = (SIZE, *shape)
+    return op, dtype, shape, int(rng.integers(SIZE)), reduction, bool(rng.integers(2))
+
+
+def with_mpi4py(comm, op, x, root, reduction):
+    """The same call made by mpi4py on NumPy arrays."""
+    out = np.empty_like(x)
+    red = REDUCTIONS[reduction]
+    if op == "allreduce":
+        comm.Allreduce(x, out, red)
+    elif op == "reduce":
+        comm.Reduce(x, out, red, root)
+        out = out if RANK == root else x
+    elif op == "scan":
+        comm.Scan(x, out, red)
+    elif op == "bcast":
+        out = np.array(x)  # a writable copy, also of a NumPy scalar
+        comm.Bcast(out, root)
+    elif op in ("gather", "allgather"):
+        out = np.empty((SIZE, *x.shape), x.dtype)
+        if op == "gather":
+            comm.Gather(x, out, root)
+            out = out if RANK == root else x
+        else:
+            comm.Allgather(x, out)
+    elif op == "scatter":
+        out = np.empty(x.shape[1:], x.dtype)
+        comm.Scatter(x, out, root)
+    elif op == "alltoall":
+        comm.Alltoall(x, out)
+    elif op == "sendrecv":
+        comm.Sendrecv(x, NEXT, recvbuf=out, source=PREV)
+    return out
+
+
+def with_mpijax(comm, op, x, root, reduction):
+    red = REDUCTIONS[reduction]
+    return {
+        "allreduce": lambda x: mpijax.allreduce(x, red, comm=comm),
+        "reduce": lambda x: mpijax.reduce(x, red, root, comm=comm),
+        "scan": lambda x: mpijax.scan(x, red, comm=comm),
+        "bcast": lambda x: mpijax.bcast(x, root, comm=comm),
+        "gather": lambda x: mpijax.gather(x, root, comm=comm),
+        "scatter": lambda x: mpijax.scatter(x, root, comm=comm),
+        "allgather": lambda x: mpijax.allgather(x, comm=comm),
+        "alltoall": lambda x: mpijax.alltoall(x, comm=comm),
+        "sendrecv": lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm),
+    }[op]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzz_random_programs_against_mpi4py(comm, seed):
+    """60 random calls per seed (op, dtype, shape, root, reduction, eager or
+    jit), each compared with mpi4py making the same call on NumPy arrays."""
+    rng = np.random.default_rng(seed)
+    reference = comm.Dup()
+    try:
+        for case in range(60):
+            op, dtype, shape, root, reduction, jitted = fuzz_case(rng)
+            x = all_data(shape, dtype, seed=case)[RANK]
+            f = with_mpijax(comm, op, x, root, reduction)
+            mine = x[0] if op == "scatter" and RANK != root else x  # off the root, one block
+            got = np.asarray((jax.jit(f) if jitted else f)(jnp.asarray(mine)))
+            want = with_mpi4py(reference, op, x, root, reduction)
+            where = f"seed {seed} case {case}: {op} {reduction} {dtype}{list(shape)} root {root} jit {jitted}"
+            assert got.dtype == want.dtype and got.shape == want.shape, where
+            np.testing.assert_array_equal(got, want, err_msg=where)
+    finally:
+        reference.Free()
