@@ -78,6 +78,7 @@ def stages(sizes, reps, calls):
     return [
         ("raw", 2, lambda: [str(build_raw()), str(reps), *map(str, sizes)]),
         *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax", "mpi4py", "jax"]],
+        ("check", 2, lambda: [*worker, "mpijax-check", "--reps", str(reps), "--sizes", *map(str, MARKS)]),
         ("dispatch", 1, lambda: [*worker, "dispatch"]),
         ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
     ]

@@ -154,12 +154,14 @@ def time_jax_loops(impl, bodies, wrap, make_input, sizes, reps, fewer=1):
             report(impl, op, nbytes, times)
 
 
-def run_mpijax(sizes, reps):
+def run_mpijax(sizes, reps, check=False):
     import mpijax
 
+    mpijax.set_check(check)
     comm = WORLD.Dup()
     inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
-    time_jax_loops("mpijax", mpi_bodies(mpijax, comm), lambda f: f, inputs, sizes, reps)
+    name = "mpijax, check mode" if check else "mpijax"
+    time_jax_loops(name, mpi_bodies(mpijax, comm), lambda f: f, inputs, sizes, reps)
 
 
 def run_mpi4jax(sizes, reps):
@@ -325,6 +327,7 @@ def run_memory(calls):
 
 RUNNERS = {
     "mpijax": run_mpijax,
+    "mpijax-check": lambda sizes, reps: run_mpijax(sizes, reps, check=True),
     "mpi4jax": run_mpi4jax,
     "mpi4py": run_mpi4py,
     "jax": run_jax_native,

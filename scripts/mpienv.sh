@@ -1,5 +1,13 @@
-# Sourced by the scripts: what mpirun needs here. The OMPI_ variables are read
-# by Open MPI only: running as root (containers, CI) and more ranks than cores.
+# Sourced by the scripts: which MPI (MPIJAX_MPI=mpich picks Debian's MPICH and
+# its own virtual environment; otherwise the MPI on PATH), and what mpirun
+# needs here.
+if [ "${MPIJAX_MPI:-}" = mpich ]; then
+  mpicc=mpicc.mpich mpirun=mpirun.mpich venv=.venv-mpich
+else
+  mpicc=mpicc mpirun=mpirun venv=.venv
+fi
+# The OMPI_ variables are read by Open MPI only: running as root (containers,
+# CI) and more ranks than cores.
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi

@@ -4,12 +4,18 @@
 # headers), then mpijax and its test tools into a virtual environment, .venv.
 #   bash scripts/setup.sh                 set up, then run the example
 #   bash scripts/setup.sh --no-example    set up only
+# With MPIJAX_MPI=mpich: Debian's MPICH instead of the MPI on PATH, with
+# mpi4py built from source against it, in .venv-mpich.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=.venv
+source scripts/mpienv.sh
 
 apt_packages=()
-command -v mpicc >/dev/null || apt_packages+=(libopenmpi-dev openmpi-bin)
+if [ "${MPIJAX_MPI:-}" = mpich ]; then
+  command -v "$mpicc" >/dev/null || apt_packages+=(mpich libmpich-dev)
+else
+  command -v mpicc >/dev/null || apt_packages+=(libopenmpi-dev openmpi-bin)
+fi
 command -v c++ >/dev/null || apt_packages+=(g++)
 if ! command -v python3 >/dev/null; then
   apt_packages+=(python3 python3-venv python3-dev)
@@ -25,13 +31,17 @@ if ((${#apt_packages[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 
-echo "== installing mpijax into $venv (against $(mpicc -show | awk '{print $1}') / $(mpirun --version 2>&1 | head -n1))"
+echo "== installing mpijax into $venv (against $($mpicc -show | awk '{print $1}') / $($mpirun --version 2>&1 | head -n1))"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
+if [ "${MPIJAX_MPI:-}" = mpich ]; then
+  # PyPI's mpi4py wheels bring no MPI of their own; build mpi4py on MPICH.
+  MPICC=$mpicc "$venv/bin/python" -m pip install -q --no-binary=mpi4py "mpi4py>=4"
+  export CMAKE_ARGS="${CMAKE_ARGS:-} -DMPI_C_COMPILER=$(command -v "$mpicc")"
+fi
 "$venv/bin/python" -m pip install -q ".[test]"
 
 if [ "${1:-}" != "--no-example" ]; then
-  source scripts/mpienv.sh
-  echo "== mpirun -n 2 python examples/hello.py"
-  mpirun -n 2 "$venv/bin/python" examples/hello.py
+  echo "== $mpirun -n 2 python examples/hello.py"
+  "$mpirun" -n 2 "$venv/bin/python" examples/hello.py
 fi

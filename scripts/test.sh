@@ -3,8 +3,12 @@
 #   1. the C++ core's GoogleTest suite under mpirun at 1, 2 and 3 ranks (ctest);
 #   2. the tests that start their own mpirun (pytest -m launcher);
 #   3. the Python suite under mpirun at 1, 2 and 3 ranks;
-#   4. ruff (lint and format) on the Python code.
+#   4. the same with MPICH (launcher tests, then 1 and 2 ranks: MPICH polls
+#      busily, so more ranks than cores crawl), in .venv-mpich;
+#   5. ruff (lint and format) on the Python code.
+# The first three use the MPI on PATH (Open MPI from Debian if there was none).
 # Every stage runs; the exit status is non-zero if any failed.
+# MPIJAX_TEST_MPICH=1 adds the MPICH stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --no-example || exit 1
@@ -38,6 +42,17 @@ stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 for n in 1 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
+if [ "${MPIJAX_TEST_MPICH:-0}" != 0 ]; then
+  if MPIJAX_MPI=mpich bash scripts/setup.sh --no-example; then
+    mpich_python=.venv-mpich/bin/python
+    stage mpich-launcher env MPIJAX_MPIRUN=mpirun.mpich timeout 900 "$mpich_python" -m pytest -m launcher -q --color=no tests
+    for n in 1 2; do
+      stage "mpich-$n-ranks" timeout 1800 mpirun.mpich -n "$n" "$mpich_python" -m pytest -m "not launcher" -q --color=no tests
+    done
+  else
+    failed+=(mpich-setup)
+  fi
+fi
 stage lint bash -c ".venv/bin/ruff check src tests examples && .venv/bin/ruff format --check src tests examples"
 
 echo
