@@ -38,12 +38,20 @@ int main(int argc, char** argv) {
     const int n = static_cast<int>(bytes / 4);  // float32 elements
     std::vector<float> send(static_cast<size_t>(n) * size, 1.0f), recv(send.size(), 0.0f);
     const Case cases[] = {
-        {"allreduce", [&] { MPI_Allreduce(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, 1},
+        {"allreduce",
+         [&] { MPI_Allreduce(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+         1},
         {"bcast", [&] { MPI_Bcast(send.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); }, 1},
         {"allgather",
-         [&] { MPI_Allgather(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD); }, 1},
+         [&] {
+           MPI_Allgather(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+         },
+         1},
         {"alltoall",
-         [&] { MPI_Alltoall(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD); }, 1},
+         [&] {
+           MPI_Alltoall(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+         },
+         1},
         {"sendrecv",
          [&] {
            MPI_Sendrecv(send.data(), n, MPI_FLOAT, next, 0, recv.data(), n, MPI_FLOAT, prev, 0,

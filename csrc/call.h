@@ -34,6 +34,8 @@ struct CallInfo {
   Shape recv_shape;
 };
 
-inline bool PointToPoint(const CallInfo& call) { return call.dest != kUnset || call.source != kUnset; }
+inline bool PointToPoint(const CallInfo& call) {
+  return call.dest != kUnset || call.source != kUnset;
+}
 
 }  // namespace mpijax

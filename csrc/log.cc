@@ -46,9 +46,7 @@ void LogCall(const CallInfo& call, int rank, double seconds, int error_code) {
   std::fputs(line.c_str(), stderr);
 }
 
-CallStats Stats() {
-  return {calls.load(), in_flight.load(), max_in_flight.load()};
-}
+CallStats Stats() { return {calls.load(), in_flight.load(), max_in_flight.load()}; }
 
 void ResetStats() {
   calls = 0;

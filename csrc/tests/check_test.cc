@@ -68,7 +68,9 @@ TEST(Check, CollectiveMismatchIsReportedOnEveryRank) {
   std::string want = "mpijax check mode: the ranks disagree on a collective call: ";
   want += Size() == 2 ? "rank 0" : "ranks 0, 2";
   if (Size() > 3) want += ", 3";
-  want += " called allreduce(SUM) of float32[4]; rank 1 called allreduce(SUM) of float32[5] with root 0";
+  want +=
+      " called allreduce(SUM) of float32[4]; rank 1 called allreduce(SUM) of float32[5] with root "
+      "0";
   if (Size() <= 4) EXPECT_EQ(mismatch, want);
 }
 
