@@ -84,7 +84,8 @@ int AgreeCollective(const CallInfo& call, MPI_Comm comm, std::string* mismatch) 
   if (int rc = mpi::Allgather(&mine, all.data(), sizeof mine, MPI_BYTE, comm)) return rc;
   const bool agree =
       std::all_of(all.begin(), all.end(), [&](const Signature& s) { return Same(s, all[0]); });
-  if (!agree) *mismatch = "mpijax check mode: the ranks disagree on a collective call: " + Tally(all);
+  if (!agree)
+    *mismatch = "mpijax check mode: the ranks disagree on a collective call: " + Tally(all);
   return MPI_SUCCESS;
 }
 
@@ -99,24 +100,29 @@ bool Fits(const Signature& sent, const Signature& wanted) {
 }
 
 std::string Pair(int sender, const Signature& sent, int receiver, const Signature& wanted) {
-  return "rank " + std::to_string(sender) + " sends " + Array(sent) + " with tag " +
-         Tag(sent.tag) + " (" + sent.op + "), rank " + std::to_string(receiver) + " expects " +
-         Array(wanted) + " with tag " + Tag(wanted.tag) + " (" + wanted.op + ")";
+  return "rank " + std::to_string(sender) + " sends " + Array(sent) + " with tag " + Tag(sent.tag) +
+         " (" + sent.op + "), rank " + std::to_string(receiver) + " expects " + Array(wanted) +
+         " with tag " + Tag(wanted.tag) + " (" + wanted.op + ")";
 }
 
 // Both directions at once (either may be MPI_PROC_NULL): round one carries
 // senders' announcements, round two receivers' answers. A direction that does
 // not fit becomes MPI_PROC_NULL on both of its ends, so that the rest of the
 // exchange (the other half of a sendrecv) still completes everywhere.
+// Messages to oneself are not checked: their receive runs in a later call,
+// while a handshake must have both ends at once (and no other rank can
+// disagree about them).
 int AgreePair(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
   int rank;
   if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
-  const int dest = call.dest == kUnset ? MPI_PROC_NULL : call.dest;
-  const int source = call.source == kUnset ? MPI_PROC_NULL : call.source;
+  const auto peer = [rank](int p) { return p == kUnset || p == rank ? MPI_PROC_NULL : p; };
+  const int dest = peer(call.dest);
+  const int source = peer(call.source);
   const Signature outgoing = Sign(call.op, call.dtype, call.shape, kUnset, kUnset, call.send_tag);
   const Signature expected =
-      call.recv_dtype ? Sign(call.op, call.recv_dtype, call.recv_shape, kUnset, kUnset, call.recv_tag)
-                      : Sign(call.op, call.dtype, call.shape, kUnset, kUnset, call.recv_tag);
+      call.recv_dtype
+          ? Sign(call.op, call.recv_dtype, call.recv_shape, kUnset, kUnset, call.recv_tag)
+          : Sign(call.op, call.dtype, call.shape, kUnset, kUnset, call.recv_tag);
   Signature announced{}, answer{};
   MPI_Status status;
   const int announce = CheckTag(false), reply = CheckTag(true);

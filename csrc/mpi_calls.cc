@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 namespace mpijax::mpi {
 namespace {
@@ -85,7 +87,9 @@ void SetCountLimit(int64_t limit) {
 }
 
 double Timeout() { return timeout.load(std::memory_order_relaxed); }
-void SetTimeout(double seconds) { timeout.store(std::max(seconds, 0.0), std::memory_order_relaxed); }
+void SetTimeout(double seconds) {
+  timeout.store(std::max(seconds, 0.0), std::memory_order_relaxed);
+}
 
 Block::Block(int64_t count, MPI_Datatype element) {
   if (element == MPI_DATATYPE_NULL) {
@@ -133,22 +137,67 @@ Block::~Block() {
   if (owned_) MPI_Type_free(&type_);
 }
 
+namespace {
+
+// Sends to oneself. mpijax runs one MPI call at a time per process, so a
+// blocking send to oneself could only complete if MPI buffered it (Open MPI
+// does for small messages, MPICH never does). Such a send is copied and
+// started nonblocking instead, and completes when its receive runs.
+struct SelfSend {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<char> data;
+};
+std::mutex self_sends_mutex;
+std::vector<SelfSend> self_sends;
+
+// Lets go of the self-sends that have completed. Holds the lock.
+int ReapSelfSends() {
+  for (auto it = self_sends.begin(); it != self_sends.end();) {
+    int done = 0;
+    if (int rc = MPI_Test(&it->request, &done, MPI_STATUS_IGNORE)) return rc;
+    it = done ? self_sends.erase(it) : it + 1;
+  }
+  return MPI_SUCCESS;
+}
+
+int SendToSelf(const void* buf, const Block& b, int rank, int tag, MPI_Comm comm) {
+  MPI_Aint lb, extent;
+  if (int rc = MPI_Type_get_extent(b.type(), &lb, &extent)) return rc;
+  std::lock_guard<std::mutex> lock(self_sends_mutex);
+  if (int rc = ReapSelfSends()) return rc;
+  SelfSend& send = self_sends.emplace_back();
+  const char* bytes = static_cast<const char*>(buf);
+  send.data.assign(bytes, bytes + b.count() * extent);
+  const int rc = MPI_Isend(send.data.data(), b.count(), b.type(), rank, tag, comm, &send.request);
+  if (rc) self_sends.pop_back();
+  return rc;
+}
+
+}  // namespace
+
 int Send(const void* buf, int64_t count, MPI_Datatype type, int dest, int tag, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return Complete([&] { return MPI_Send(buf, b.count(), b.type(), dest, tag, comm); },
-                  [&](MPI_Request* r) { return MPI_Isend(buf, b.count(), b.type(), dest, tag, comm, r); },
-                  true);
+  int rank;
+  if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
+  if (dest == rank) return SendToSelf(buf, b, rank, tag, comm);
+  return Complete(
+      [&] { return MPI_Send(buf, b.count(), b.type(), dest, tag, comm); },
+      [&](MPI_Request* r) { return MPI_Isend(buf, b.count(), b.type(), dest, tag, comm, r); },
+      true);
 }
 
 int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
          MPI_Status* status) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return Complete(
+  const int rc = Complete(
       [&] { return MPI_Recv(buf, b.count(), b.type(), source, tag, comm, status); },
       [&](MPI_Request* r) { return MPI_Irecv(buf, b.count(), b.type(), source, tag, comm, r); },
       true, status);
+  if (rc) return rc;
+  std::lock_guard<std::mutex> lock(self_sends_mutex);
+  return self_sends.empty() ? MPI_SUCCESS : ReapSelfSends();
 }
 
 int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int dest, int send_tag,
@@ -187,8 +236,9 @@ int Barrier(MPI_Comm comm) {
 int Bcast(void* buf, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
   Block b(count, type);
   if (b.error()) return b.error();
-  return Complete([&] { return MPI_Bcast(buf, b.count(), b.type(), root, comm); },
-                  [&](MPI_Request* r) { return MPI_Ibcast(buf, b.count(), b.type(), root, comm, r); });
+  return Complete(
+      [&] { return MPI_Bcast(buf, b.count(), b.type(), root, comm); },
+      [&](MPI_Request* r) { return MPI_Ibcast(buf, b.count(), b.type(), root, comm, r); });
 }
 
 int Gather(const void* in, void* out, int64_t count, MPI_Datatype type, int root, MPI_Comm comm) {
@@ -243,14 +293,25 @@ int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op o
            MPI_Comm comm) {
   int rank;
   if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
-  return Chunked(in, rank == root ? out : nullptr, count, type, op,
-                 [&](const void* src, void* dst, int n) {
-                   return Complete(
-                       [&] { return MPI_Reduce(src, dst, n, type, op, root, comm); },
-                       [&](MPI_Request* r) {
-                         return MPI_Ireduce(src, dst, n, type, op, root, comm, r);
-                       });
-                 });
+#ifdef MPICH_VERSION
+  // MPICH 4.0-4.1.1 crash on MPI_IN_PLACE at a root other than 0
+  // (pmodels/mpich#6540), and its derivatives carry their own version
+  // numbers: reduce from a copy there.
+  std::vector<char> copy;
+  if (rank == root && root != 0 && in == out && count > 0 && type != MPI_DATATYPE_NULL) {
+    MPI_Aint lb, extent;
+    if (int rc = MPI_Type_get_extent(type, &lb, &extent)) return rc;
+    const char* bytes = static_cast<const char*>(in);
+    copy.assign(bytes, bytes + count * extent);
+    in = copy.data();
+  }
+#endif
+  return Chunked(
+      in, rank == root ? out : nullptr, count, type, op, [&](const void* src, void* dst, int n) {
+        return Complete(
+            [&] { return MPI_Reduce(src, dst, n, type, op, root, comm); },
+            [&](MPI_Request* r) { return MPI_Ireduce(src, dst, n, type, op, root, comm, r); });
+      });
 }
 
 int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op) {

@@ -132,6 +132,22 @@ TEST_P(MpiCalls, SendrecvRing) {
   EXPECT_EQ(status.MPI_SOURCE, prev);
 }
 
+// Sends to oneself return before their receive runs (they could never
+// complete otherwise: mpijax makes one MPI call at a time), and keep order.
+TEST_P(MpiCalls, SendsToSelfBeforeTheirReceives) {
+  const int64_t n = Count();
+  auto first = Data(rank_, n), second = Data(rank_ + 1, n);
+  ASSERT_EQ(Send(first.data(), n, MPI_INT, rank_, 4, MPI_COMM_WORLD), MPI_SUCCESS);
+  ASSERT_EQ(Send(second.data(), n, MPI_INT, rank_, 4, MPI_COMM_WORLD), MPI_SUCCESS);
+  first.assign(n, -1);  // the message was copied: the buffer is the caller's again
+  std::vector<int> out(n, -1);
+  ASSERT_EQ(Recv(out.data(), n, MPI_INT, rank_, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE), MPI_SUCCESS);
+  EXPECT_EQ(out, Data(rank_, n));
+  ASSERT_EQ(Recv(out.data(), n, MPI_INT, MPI_ANY_SOURCE, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+            MPI_SUCCESS);
+  EXPECT_EQ(out, second);
+}
+
 INSTANTIATE_TEST_SUITE_P(Counts, MpiCalls,
                          ::testing::Combine(::testing::Values(0, 2, 3, 6, 10), ::testing::Bool()));
 
@@ -157,6 +173,17 @@ TEST(Block, DescribesLargeCountsWithOneDerivedType) {
   }
   SetCountLimit(INT_MAX);
   EXPECT_EQ(CountLimit(), INT_MAX);
+}
+
+TEST(SelfSends, LargerThanAnyEagerLimit) {
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<double> message(4 << 20), out(4 << 20, 0.0);  // 32 MiB
+  std::iota(message.begin(), message.end(), 0.5);
+  ASSERT_EQ(Send(message.data(), message.size(), MPI_DOUBLE, rank, 0, MPI_COMM_WORLD), MPI_SUCCESS);
+  ASSERT_EQ(Recv(out.data(), out.size(), MPI_DOUBLE, rank, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+            MPI_SUCCESS);
+  EXPECT_EQ(out, message);
 }
 
 TEST(Errors, NullTypeAndOpAreReportedNotPassedOn) {
