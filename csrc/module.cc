@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 
 #include "check.h"
@@ -43,6 +44,21 @@ std::string MpiLibraryOf(const std::string& module) {
   return symbol ? RealPathOf(symbol) : "";
 }
 
+#define MPIJAX_STRING(x) MPIJAX_STRING_(x)
+#define MPIJAX_STRING_(x) #x
+
+// The MPI whose headers this file was compiled with.
+const char* HeaderVersion() {
+#if defined(OPEN_MPI)
+  return "Open MPI " MPIJAX_STRING(OMPI_MAJOR_VERSION) "." MPIJAX_STRING(
+      OMPI_MINOR_VERSION) "." MPIJAX_STRING(OMPI_RELEASE_VERSION) " headers";
+#elif defined(MPICH_VERSION)
+  return "MPICH " MPICH_VERSION " headers";
+#else
+  return "MPI " MPIJAX_STRING(MPI_VERSION) "." MPIJAX_STRING(MPI_SUBVERSION) " headers";
+#endif
+}
+
 std::string LibraryVersion() {
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
@@ -55,7 +71,11 @@ std::string LibraryVersion() {
 
 NB_MODULE(_core, m) {
   using namespace mpijax;
-  if (import_mpi4py() < 0) throw nb::python_error();
+  // An mpi4py built on another MPI library fails here, since its objects have
+  // another layout. Stay importable so that Python can name both libraries.
+  std::string mpi4py_error;
+  if (import_mpi4py() < 0) mpi4py_error = nb::python_error().what();
+  m.attr("mpi4py_error") = mpi4py_error;
 
   m.def("ffi_targets", [] {
     nb::dict targets;
@@ -67,7 +87,8 @@ NB_MODULE(_core, m) {
 
   m.def(
       "register_comm",
-      [](nb::handle comm) {
+      [mpi4py_error](nb::handle comm) {
+        if (!mpi4py_error.empty()) throw std::runtime_error("mpi4py's C API: " + mpi4py_error);
         MPI_Comm* handle = PyMPIComm_Get(comm.ptr());
         if (!handle) throw nb::python_error();
         return RegisterComm(*handle);
@@ -83,6 +104,8 @@ NB_MODULE(_core, m) {
   m.def("mpi_library", [] {
     return std::make_pair(RealPathOf(reinterpret_cast<void*>(&MPI_Init)), LibraryVersion());
   });
+  m.attr("built_for") =
+      std::make_pair(std::string(MPIJAX_MPI_LIBRARY), std::string(HeaderVersion()));
   m.def("mpi_library_of", &MpiLibraryOf);
   m.def("mpi_initialized", [] {
     int flag = 0;

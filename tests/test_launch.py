@@ -127,6 +127,27 @@ def test_import_check_names_both_mpi_libraries(tmp_path):
     runtime.check_same_mpi(runtime.MPI.__file__, runtime.MPI.Get_library_version())  # the real pair agrees
 
 
+@pytest.mark.skipif(
+    not os.environ.get("MPIJAX_OTHER_MPI4PY"),
+    reason="needs MPIJAX_OTHER_MPI4PY: site-packages holding an mpi4py built on another MPI (scripts/test.sh sets it)",
+)
+def test_import_check_with_mpi4py_built_on_another_mpi(tmp_path):
+    """This mpijax with an mpi4py built on the other MPI library (the one the
+    test script installed for the other stage): a clear ImportError naming
+    both library files, not a crash or a binary-layout error."""
+    other = pathlib.Path(os.environ["MPIJAX_OTHER_MPI4PY"]) / "mpi4py"
+    (tmp_path / "mpi4py").symlink_to(other)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    env["PYTHONPATH"] = str(tmp_path)
+    code = "import mpi4py, mpijax._src.runtime as r; print(mpi4py.__file__)"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0, result.stdout
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: mpijax and mpi4py run on different MPI libraries"), result.stderr
+    libraries = re.findall(r"(?:uses|compiled for) (/\S+) \(", message)
+    assert len(libraries) == 2 and libraries[0] != libraries[1], message
+
+
 SEED = ROOT / "examples" / "seed"
 
 

@@ -3,33 +3,56 @@ registers the FFI handlers with XLA, and applies the MPIJAX_* settings."""
 
 import os
 import sys
+import warnings
 
 import jax
 from mpi4py import MPI  # initialises MPI before any handler can run
 
-from .. import _core as core
+with warnings.catch_warnings():
+    # mpi4py's objects larger than our extension was compiled for are only a
+    # warning to Cython's import check; to us, reading MPI handles out of
+    # them, they are an error (core.mpi4py_error).
+    warnings.simplefilter("error", RuntimeWarning)
+    from .. import _core as core
 
 
 def _first_line(text):
     return text.strip().splitlines()[0] if text.strip() else "unknown version"
 
 
+def _same_file(a, b):
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_same_mpi(module_path, module_version):
-    """Raise ImportError unless the shared object `module_path` (mpi4py's
-    extension) resolves MPI to the same library file as mpijax's extension."""
+    """Raise ImportError unless mpijax's extension and the shared object
+    `module_path` (mpi4py's extension) run on one MPI library: the same file
+    provides MPI_Init to both, and mpi4py's objects have the layout that our
+    extension was compiled for."""
     ours, our_version = core.mpi_library()
     theirs = core.mpi_library_of(module_path)
-    differ = bool(theirs) and os.path.realpath(theirs) != os.path.realpath(ours)
-    if differ or (MPI.Is_initialized() and not core.mpi_initialized()):
-        raise ImportError(
-            "mpijax and mpi4py run on different MPI libraries: mpijax's extension "
-            f"uses {ours or 'an unknown library'} ({_first_line(our_version)}), "
-            f"mpi4py uses {theirs or 'an unknown library'} "
-            f"({_first_line(module_version)}). Rebuild one of them against the "
-            "other's MPI, e.g. `pip install --no-binary=mpi4py --force-reinstall "
-            "mpi4py` and then `pip install --force-reinstall mpijax` with the same "
-            "mpicc on PATH."
-        )
+    how = "uses"
+    if core.mpi4py_error:
+        # Compiled for another layout: MPI's symbols may even resolve to
+        # mpi4py's library at run time, so name the one we were built for.
+        built, headers = core.built_for
+        if theirs and _same_file(built, theirs):
+            raise ImportError(
+                f"mpijax was compiled against another build of mpi4py ({core.mpi4py_error}); "
+                "reinstall mpijax: `pip install --force-reinstall --no-cache-dir mpijax`"
+            )
+        ours, our_version, how = built, headers, "was compiled for"
+    else:
+        differ = bool(theirs) and not _same_file(theirs, ours)
+        if not differ and core.mpi_initialized() == MPI.Is_initialized():
+            return
+    raise ImportError(
+        f"mpijax and mpi4py run on different MPI libraries: mpijax's extension {how} "
+        f"{ours or 'an unknown library'} ({_first_line(our_version)}), mpi4py uses "
+        f"{theirs or 'an unknown library'} ({_first_line(module_version)}). Rebuild one of "
+        "them against the other's MPI, e.g. `pip install --no-binary=mpi4py --force-reinstall "
+        "mpi4py` and then `pip install --force-reinstall mpijax` with the same mpicc on PATH."
+    )
 
 
 check_same_mpi(MPI.__file__, MPI.Get_library_version())
