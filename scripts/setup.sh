@@ -31,7 +31,7 @@ if ((${#apt_packages[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi
 
-echo "== installing mpijax into $venv (against $($mpicc -show | awk '{print $1}') / $($mpirun --version 2>&1 | head -n1))"
+echo "== installing mpijax into $venv (against $mpicc, $("$mpirun" --version 2>&1 | grep -m1 -iE 'open mpi|version' | tr -s ' '))"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
 if [ "${MPIJAX_MPI:-}" = mpich ]; then

@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# Runs every test, after setting up (scripts/setup.sh --no-example):
+# Runs every test, after setting up both MPIs (scripts/setup.sh --no-example,
+# plain and with MPIJAX_MPI=mpich):
 #   1. the C++ core's GoogleTest suite under mpirun at 1, 2 and 3 ranks (ctest);
 #   2. the tests that start their own mpirun (pytest -m launcher);
 #   3. the Python suite under mpirun at 1, 2 and 3 ranks;
 #   4. the same with MPICH (launcher tests, then 1 and 2 ranks: MPICH polls
 #      busily, so more ranks than cores crawl), in .venv-mpich;
-#   5. ruff (lint and format) on the Python code.
+#   5. ruff (lint and format) on the Python code, clang-format on the C++.
 # The first three use the MPI on PATH (Open MPI from Debian if there was none).
 # Every stage runs; the exit status is non-zero if any failed.
-# MPIJAX_TEST_MPICH=1 adds the MPICH stages.
+# MPIJAX_TEST_MPICH=0 leaves out the MPICH stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --no-example || exit 1
+mpich=${MPIJAX_TEST_MPICH:-1}
+if [ "$mpich" != 0 ]; then
+  MPIJAX_MPI=mpich bash scripts/setup.sh --no-example || exit 1
+fi
 source scripts/mpienv.sh
 python=.venv/bin/python
+site_packages() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 logs=build/test-logs
 mkdir -p "$logs"
 
-if [ ! -f /usr/include/gtest/gtest.h ]; then
+tools=()
+[ -f /usr/include/gtest/gtest.h ] || tools+=(libgtest-dev)
+command -v clang-format >/dev/null || tools+=(clang-format)
+if ((${#tools[@]})); then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq libgtest-dev >/dev/null
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${tools[@]}" >/dev/null
 fi
 command -v cmake >/dev/null || "$python" -m pip install -q cmake
 cmake=$(command -v cmake || echo .venv/bin/cmake)
@@ -35,25 +44,31 @@ stage() {  # stage NAME COMMAND...: run, log, remember the outcome and time
     "$(grep -aE '^[0-9]+ (passed|failed)|tests passed' "$logs/$name.log" | tail -n1)")")
 }
 
+ctest_stage() {  # ctest_stage NAME CMAKE_ARGS...: build the GoogleTest suite in build/NAME, run it
+  local name=$1; shift
+  stage "$name" bash -c "'$cmake' -S . -B build/$name -DMPIJAX_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release $* >/dev/null \
+    && '$cmake' --build build/$name -j >/dev/null && cd build/$name && ctest --output-on-failure"
+}
+
 total_start=$SECONDS
-stage ctest bash -c "'$cmake' -S . -B build/ctest -DMPIJAX_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release >/dev/null \
-  && '$cmake' --build build/ctest -j >/dev/null && cd build/ctest && ctest --output-on-failure"
+ctest_stage ctest
+# The launcher tests also import mpijax with the other MPI's mpi4py.
+[ "$mpich" != 0 ] && export MPIJAX_OTHER_MPI4PY=$(site_packages .venv-mpich/bin/python)
 stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 for n in 1 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
-if [ "${MPIJAX_TEST_MPICH:-0}" != 0 ]; then
-  if MPIJAX_MPI=mpich bash scripts/setup.sh --no-example; then
-    mpich_python=.venv-mpich/bin/python
-    stage mpich-launcher env MPIJAX_MPIRUN=mpirun.mpich timeout 900 "$mpich_python" -m pytest -m launcher -q --color=no tests
-    for n in 1 2; do
-      stage "mpich-$n-ranks" timeout 1800 mpirun.mpich -n "$n" "$mpich_python" -m pytest -m "not launcher" -q --color=no tests
-    done
-  else
-    failed+=(mpich-setup)
-  fi
+if [ "$mpich" != 0 ]; then
+  mpich_python=.venv-mpich/bin/python
+  ctest_stage ctest-mpich -DMPI_C_COMPILER="$(command -v mpicc.mpich)" -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)"
+  MPIJAX_OTHER_MPI4PY=$(site_packages "$python") MPIJAX_MPIRUN=mpirun.mpich \
+    stage mpich-launcher timeout 900 "$mpich_python" -m pytest -m launcher -q --color=no tests
+  for n in 1 2; do
+    stage "mpich-$n-ranks" timeout 1800 mpirun.mpich -n "$n" "$mpich_python" -m pytest -m "not launcher" -q --color=no tests
+  done
 fi
-stage lint bash -c ".venv/bin/ruff check src tests examples && .venv/bin/ruff format --check src tests examples"
+stage lint bash -c ".venv/bin/ruff check src tests examples && .venv/bin/ruff format --check src tests examples \
+  && clang-format --dry-run --Werror csrc/*.cc csrc/*.h csrc/tests/*.cc benchmarks/*.cc"
 
 echo
 echo "== summary (wall time $((SECONDS - total_start))s)"
