@@ -62,13 +62,11 @@ def test_token_chain_links_every_call(comm):
         assert operands[-1] == token_result(previous), (previous, operands)
 
 
-@needs_peer
 def test_send_recv_8MiB_in_one_jit(comm):
     result = jax.jit(lambda x: send_then_recv(x, comm))(big_vector(RANK))
     np.testing.assert_array_equal(result, big_vector(PREV))
 
 
-@needs_peer
 def test_order_across_jit_calls(comm):
     send = jax.jit(lambda x: mpijax.send(x, NEXT, comm=comm))
     recv = jax.jit(lambda x: mpijax.recv(x, PREV, comm=comm))
@@ -80,6 +78,18 @@ def test_order_across_jit_calls(comm):
         y = recv(x)
         send(x)
     np.testing.assert_array_equal(y, big_vector(PREV))
+
+
+def test_jitted_calls_pass_the_runtime_token_on_in_place(comm):
+    """The runtime token of the MPI effect goes from one execution to the next
+    as it is, without JAX's reshard (half of a small jitted call's dispatch)."""
+    from jax._src import dispatch
+
+    from mpijax._src.primitive import mpi_effect
+
+    jax.block_until_ready(jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm))(jnp.ones(2)))
+    token = dispatch.runtime_tokens.current_tokens[mpi_effect]
+    assert dispatch.runtime_tokens.get_token_input(mpi_effect, jax.local_devices()[:1]) is token
 
 
 def ring_step(x, comm):
@@ -108,14 +118,12 @@ LOOPS = {
 }
 
 
-@needs_peer
 @pytest.mark.parametrize("loop", LOOPS)
 def test_control_flow(comm, loop):
     result = jax.jit(lambda x: LOOPS[loop](x, comm))(big_vector(RANK, jnp.float64))
     np.testing.assert_array_equal(result, expected_after(3))
 
 
-@needs_peer
 def test_custom_vjp_forward_and_backward(comm):
     """A custom_vjp whose forward passes data on and whose backward passes the
     cotangent back: both directions run in order on every rank."""

@@ -23,6 +23,7 @@ class MpiEffect(jax_compat.Effect):
 
 mpi_effect = MpiEffect()
 jax_compat.register_ordered_effect(MpiEffect)
+jax_compat.reuse_runtime_tokens_in_place()
 
 
 class MpiPrimitive(jax_compat.Primitive):
