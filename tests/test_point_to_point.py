@@ -13,7 +13,6 @@ from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal,
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
-needs_peer = pytest.mark.skipif(SIZE < 2, reason="needs a second rank")
 
 
 def ring(x, comm, tag=0):
@@ -93,7 +92,6 @@ def test_sendrecv_status(comm, mode):
     assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.SHORT)) == (PREV, PREV, 3)
 
 
-@needs_peer
 def test_tags_select_messages(comm):
     """Two messages in flight to the same rank are received by tag, in the opposite order."""
     a = jnp.full(4, 1.0) * (RANK + 1)

@@ -123,7 +123,6 @@ def test_a_passed_token_is_a_data_dependency(comm, make_token):
     assert returned and re.search(rf"return .*{re.escape(returned.group(1))}#1 :", text), text
 
 
-@pytest.mark.skipif(SIZE < 2, reason="needs a second rank")
 def test_mixed_with_token_free_calls(comm):
     """Token and token-free calls in one jit, 8 MiB each way: one order."""
     x = jnp.arange(BIG // 4, dtype=jnp.float32) + RANK
