@@ -4,6 +4,15 @@
 // between barriers; a repetition's time is the slowest rank's. Prints one JSON
 // line per case on rank 0: microseconds per operation, min/median/max over
 // repetitions.
+//
+// The data flows as in the JAX loops of worker.py, since that costs time of
+// its own: a buffer that one rank has just written is slower for the other to
+// read than one it only reads (several times slower on the benchmark machine
+// at 64 KiB). So results feed the next call: reductions in place, the
+// ping-pong echoes what it received, sendrecv alternates two buffers, and
+// allgather/alltoall write one element of the result back into the input.
+// MPI runs at MPI_THREAD_MULTIPLE, the level mpi4py (and so every Python
+// binding) asks for.
 //   raw_mpi REPS SIZE [SIZE...]   (sizes in bytes)
 #include <mpi.h>
 
@@ -27,7 +36,8 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -36,36 +46,45 @@ int main(int argc, char** argv) {
   for (int a = 2; a < argc; ++a) {
     const long bytes = std::atol(argv[a]);
     const int n = static_cast<int>(bytes / 4);  // float32 elements
-    std::vector<float> send(static_cast<size_t>(n) * size, 1.0f), recv(send.size(), 0.0f);
+    std::vector<float> x(static_cast<size_t>(n) * size, 1.0f), y(x.size(), 0.0f);
+    long step = 0;
+    // One element of the result back into the input, at a moving index.
+    const auto feed_back = [&] {
+      ++step;
+      x[step % x.size()] = y[(step * 7) % y.size()];
+    };
     const Case cases[] = {
         {"allreduce",
-         [&] { MPI_Allreduce(send.data(), recv.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
-         1},
-        {"bcast", [&] { MPI_Bcast(send.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); }, 1},
+         [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, 1},
+        {"bcast", [&] { MPI_Bcast(x.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); }, 1},
         {"allgather",
          [&] {
-           MPI_Allgather(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+           MPI_Allgather(x.data(), n, MPI_FLOAT, y.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+           feed_back();
          },
          1},
         {"alltoall",
          [&] {
-           MPI_Alltoall(send.data(), n, MPI_FLOAT, recv.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+           MPI_Alltoall(x.data(), n, MPI_FLOAT, y.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+           feed_back();
          },
          1},
         {"sendrecv",
          [&] {
-           MPI_Sendrecv(send.data(), n, MPI_FLOAT, next, 0, recv.data(), n, MPI_FLOAT, prev, 0,
+           MPI_Sendrecv(x.data(), n, MPI_FLOAT, next, 0, y.data(), n, MPI_FLOAT, prev, 0,
+                        MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+           MPI_Sendrecv(y.data(), n, MPI_FLOAT, next, 0, x.data(), n, MPI_FLOAT, prev, 0,
                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
          },
-         1},
+         2},
         {"pingpong",
          [&] {
            if (rank == 0) {
-             MPI_Send(send.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
-             MPI_Recv(recv.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+             MPI_Send(x.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
+             MPI_Recv(x.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
            } else if (rank == 1) {
-             MPI_Recv(recv.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-             MPI_Send(send.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+             MPI_Recv(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+             MPI_Send(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
            }
          },
          2},

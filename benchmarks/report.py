@@ -48,7 +48,14 @@ each bound to a core, with one XLA thread per rank
   repetitions (min and max are in results.json). Times are microseconds per operation. For the
   ping-pong, that is one way (half a round trip).
 - **raw MPI (C++)**: `benchmarks/raw_mpi.cc`, the same MPI calls from C++, built by CMake: the
-  physical limit.
+  physical limit. Its data flows as in the JAX loops below (reductions in place, the ping-pong
+  echoes what it received, sendrecv alternates two buffers), at `MPI_THREAD_MULTIPLE` like every
+  Python binding: a buffer one rank has just written costs the other rank more to read than one
+  it only reads (several times more at 64 KiB on this machine), and a limit that skipped it
+  would not be one.
+- This machine is a virtual machine with 2 cores: the same case can vary by tens of percent
+  from one minute to the next, and the stages run one after another, so compare ratios near 1
+  with care.
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
   and JAX dispatch are not counted. Same-shape results feed the next iteration (in place where
@@ -133,8 +140,11 @@ def _extras(results):
         text += f"""Wall time of one call of a small jitted function, over 5,000 calls in a row (best of three), at
 one rank, so that no waiting on another rank is counted. An ordered JAX effect, which every
 MPI call carries so that calls keep program order, takes the function off JAX's C++ fast
-dispatch path. JAX's own ordered `io_callback` shows what that costs in this JAX version.
-Inside a jitted loop the per-operation cost is the one in the tables above.
+dispatch path. JAX's own ordered `io_callback` shows what that costs in this JAX version. JAX
+also reshards the effect's runtime token before every call; mpijax passes it on in place
+(about half of the cost), which speeds up every ordered effect in the process, so mpi4jax and
+`io_callback` are timed before mpijax is imported. Inside a jitted loop the per-operation cost
+is the one in the tables above.
 
 | jitted function | µs per call |
 | --- | --- |
