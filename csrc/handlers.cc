@@ -11,16 +11,22 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "check.h"
 #include "log.h"
+#include "memory.h"
 #include "mpi_calls.h"
 #include "reductions.h"
 #include "registry.h"
 #include "xla/ffi/api/ffi.h"
+
+#ifdef MPIJAX_CUDA
+#include "cuda_memory.h"
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -191,10 +197,16 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
                               std::to_string(code) + ")");
 }
 
-// `call(comm)` makes the MPI call and returns its error code; it reads peers
-// from `info`, which check mode may narrow.
-template <class Call>
-ffi::Error Run(CallInfo& info, int64_t comm_id, Call&& call) {
+// Calls whose data may stay in device memory for a CUDA-aware MPI (memory.h).
+constexpr auto kNoHostAccess = [](const Comm&) { return false; };
+
+// `call(comm, memory)` takes its views from `memory`, makes the MPI call and
+// returns its error code; it reads peers from `info`, which check mode may
+// narrow. `host_access(comm)` says whether the call needs its data in host
+// memory (see memory.h).
+template <class Memory, class HostAccess, class Call>
+ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id,
+               HostAccess host_access, Call&& call) {
   Comm comm{};
   if (!LookupComm(comm_id, &comm.handle)) {
     return ffi::Error::InvalidArgument("mpijax." + std::string(info.op) +
@@ -202,18 +214,24 @@ ffi::Error Run(CallInfo& info, int64_t comm_id, Call&& call) {
   }
   MPI_Comm_rank(comm.handle, &comm.rank);
   MPI_Comm_size(comm.handle, &comm.size);
+  Memory memory(context, host_access(comm));
   InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();
   std::string mismatch;
   int code = CheckEnabled() ? Agree(info, comm.handle, &mismatch) : MPI_SUCCESS;
   // A collective that ranks disagree on must not run; point-to-point calls
   // run what still matches (check.h).
-  if (code == MPI_SUCCESS && (mismatch.empty() || PointToPoint(info))) code = call(comm);
+  if (code == MPI_SUCCESS && (mismatch.empty() || PointToPoint(info))) code = call(comm, memory);
+  if (code == MPI_SUCCESS) memory.Finish();
   if (LogEnabled()) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     LogCall(info, comm.rank, elapsed.count(), code);
   }
   if (code != MPI_SUCCESS) return Failure(info, comm, code);
+  if (const std::string error = memory.error(); !error.empty()) {
+    return ffi::Error::Internal("mpijax." + std::string(info.op) + " on rank " +
+                                std::to_string(comm.rank) + ": " + error);
+  }
   if (!mismatch.empty()) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, mismatch);
   return ffi::Error::Success();
 }
@@ -221,179 +239,209 @@ ffi::Error Run(CallInfo& info, int64_t comm_id, Call&& call) {
 // A receive leaves unspecified what a shorter message did not fill (or all of
 // the buffer for MPI_PROC_NULL); zero it so results are deterministic, and
 // copy the status out when Python asked for it.
-void FinishReceive(const MPI_Status& status, ffi::AnyBuffer& out, int64_t status_address) {
+template <class Memory>
+void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
+                   int64_t status_address) {
   int received = 0;
   if (MPI_Get_count(&status, MPI_BYTE, &received) == MPI_SUCCESS && received >= 0 &&
-      static_cast<size_t>(received) < out.size_bytes()) {
-    std::memset(static_cast<char*>(out.untyped_data()) + received, 0,
-                out.size_bytes() - static_cast<size_t>(received));
+      static_cast<size_t>(received) < bytes) {
+    m.Zero(static_cast<char*>(out) + received, bytes - static_cast<size_t>(received));
   }
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
 }
 
 // Makes `out` hold `in`: a no-op where XLA aliased them, as it does for
 // every op that returns its input.
-void CopyIfDistinct(const ffi::AnyBuffer& in, ffi::AnyBuffer& out) {
-  if (in.untyped_data() != out.untyped_data()) {
-    std::memcpy(out.untyped_data(), in.untyped_data(), out.size_bytes());
-  }
+template <class Memory>
+void CopyIfDistinct(Memory& m, const void* in, void* out, size_t bytes) {
+  if (in != out) m.Copy(out, in, bytes);
 }
 
-// out = in + what `receive(buffer)` puts into a buffer shaped like in.
+// out = in + what `receive(buffer)` puts into a host buffer shaped like x
+// (host views only).
 template <class Receive>
-int ReceiveAndAdd(const ffi::AnyBuffer& in, ffi::AnyBuffer& out, Receive receive) {
-  std::vector<char> received(in.size_bytes());
+int ReceiveAndAdd(const ffi::AnyBuffer& x, const void* in, void* out, Receive receive) {
+  std::vector<char> received(x.size_bytes());
   if (int rc = receive(received.data())) return rc;
-  CopyIfDistinct(in, out);
-  return mpi::Accumulate(received.data(), out.untyped_data(), in.element_count(), TypeOf(in),
-                         OpOf(static_cast<int64_t>(Reduction::kSum), in));
+  if (in != out) std::memcpy(out, in, x.size_bytes());
+  return mpi::Accumulate(received.data(), out, x.element_count(), TypeOf(x),
+                         OpOf(static_cast<int64_t>(Reduction::kSum), x));
 }
 
 using Out = ffi::Result<ffi::AnyBuffer>;
 using TokenOut = ffi::Result<ffi::Token>;
 
-ffi::Error Allreduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op) {
+template <class Memory>
+ffi::Error Allreduce(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                     int64_t comm, int64_t op) {
   CallInfo info = Describe("allreduce", x);
   info.reduction = static_cast<int>(op);
-  return Run(info, comm, [&](const Comm& c) {
-    return mpi::Allreduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
-                          OpOf(op, x), c.handle);
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    return mpi::Allreduce(m.In(x), m.Out(*y), x.element_count(), TypeOf(x), OpOf(op, x), c.handle);
   });
 }
 
 // Off the root the output is x itself (aliased), as mpi4jax returns it.
-ffi::Error Reduce(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op,
-                  int64_t root) {
+template <class Memory>
+ffi::Error Reduce(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                  int64_t comm, int64_t op, int64_t root) {
   CallInfo info = Describe("reduce", x);
   info.root = static_cast<int>(root);
   info.reduction = static_cast<int>(op);
-  return Run(info, comm, [&](const Comm& c) {
-    if (c.rank != info.root) CopyIfDistinct(x, *y);
-    return mpi::Reduce(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
-                       OpOf(op, x), info.root, c.handle);
+  const auto copies = [&](const Comm& c) { return mpi::ReduceCopiesInput(c.rank, info.root); };
+  return Run<Memory>(ctx, info, comm, copies, [&](const Comm& c, Memory& m) {
+    void* in = m.In(x);
+    void* out = m.Out(*y);
+    if (c.rank != info.root) CopyIfDistinct(m, in, out, x.size_bytes());
+    return mpi::Reduce(in, out, x.element_count(), TypeOf(x), OpOf(op, x), info.root, c.handle);
   });
 }
 
 // reverse: over the ranks in reverse order (suffix scans, the transpose of a
 // scan). exclusive: MPI_Exscan (Python fills the first rank's result).
-ffi::Error Scan(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t op,
-                int64_t reverse, int64_t exclusive) {
+template <class Memory>
+ffi::Error Scan(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                int64_t comm, int64_t op, int64_t reverse, int64_t exclusive) {
   static constexpr const char* kNames[2][2] = {{"scan", "exscan"},
                                                {"scan(reverse)", "exscan(reverse)"}};
   CallInfo info = Describe(kNames[reverse != 0][exclusive != 0], x);
   info.reduction = static_cast<int>(op);
-  return Run(info, comm, [&](const Comm& c) {
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
     MPI_Comm target = c.handle;
     if (reverse) {
       if (int rc = ReversedComm(c.handle, &target)) return rc;
     }
-    return mpi::Scan(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), OpOf(op, x),
-                     exclusive != 0, target);
+    return mpi::Scan(m.In(x), m.Out(*y), x.element_count(), TypeOf(x), OpOf(op, x), exclusive != 0,
+                     target);
   });
 }
 
 // In place (aliased): the root sends x and returns it. accumulate: the others
 // add what they receive to their x (the adjoint of reduce); else they
 // receive over it.
-ffi::Error Bcast(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
-                 int64_t accumulate) {
+template <class Memory>
+ffi::Error Bcast(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                 int64_t comm, int64_t root, int64_t accumulate) {
   CallInfo info = Describe("bcast", x);
   info.root = static_cast<int>(root);
-  return Run(info, comm, [&](const Comm& c) {
+  const auto adds = [&](const Comm& c) { return accumulate && c.rank != info.root; };
+  return Run<Memory>(ctx, info, comm, adds, [&](const Comm& c, Memory& m) {
     const int64_t n = x.element_count();
+    const auto bcast = [&](void* buf) {
+      return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle);
+    };
     if (c.rank == info.root) {
-      CopyIfDistinct(x, *y);
-      return mpi::Bcast(y->untyped_data(), n, TypeOf(x), info.root, c.handle);
+      void* in = m.In(x);
+      void* out = m.Out(*y);
+      CopyIfDistinct(m, in, out, x.size_bytes());
+      return bcast(out);
     }
-    if (!accumulate) return mpi::Bcast(y->untyped_data(), n, TypeOf(x), info.root, c.handle);
-    return ReceiveAndAdd(
-        x, *y, [&](void* buf) { return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle); });
+    if (!accumulate) return bcast(m.Out(*y));
+    void* in = m.In(x);
+    return ReceiveAndAdd(x, in, m.Out(*y), bcast);
   });
 }
 
 // Off the root the output is x itself (aliased), as mpi4jax returns it, or
 // zeros with identity=0 (the adjoint of scatter).
-ffi::Error Gather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
-                  int64_t identity) {
+template <class Memory>
+ffi::Error Gather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                  int64_t comm, int64_t root, int64_t identity) {
   CallInfo info = Describe("gather", x);
   info.root = static_cast<int>(root);
-  return Run(info, comm, [&](const Comm& c) {
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    void* in = m.In(x);
+    void* out = m.Out(*y);
     if (c.rank != info.root) {
       if (identity) {
-        CopyIfDistinct(x, *y);
+        CopyIfDistinct(m, in, out, x.size_bytes());
       } else {
-        std::memset(y->untyped_data(), 0, y->size_bytes());
+        m.Zero(out, y->size_bytes());
       }
     }
-    return mpi::Gather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x), info.root,
-                       c.handle);
+    return mpi::Gather(in, out, x.element_count(), TypeOf(x), info.root, c.handle);
   });
 }
 
 // Off the root x only gives the shape, or with accumulate the others add
 // what they receive to their x (the adjoint of gather).
-ffi::Error Scatter(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t root,
-                   int64_t accumulate) {
+template <class Memory>
+ffi::Error Scatter(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                   int64_t comm, int64_t root, int64_t accumulate) {
   CallInfo info = Describe("scatter", *y);
   info.root = static_cast<int>(root);
-  return Run(info, comm, [&](const Comm& c) {
+  const auto adds = [&](const Comm& c) { return accumulate && c.rank != info.root; };
+  return Run<Memory>(ctx, info, comm, adds, [&](const Comm& c, Memory& m) {
     const int64_t n = y->element_count();
-    auto scatter = [&](void* buf) {
-      return mpi::Scatter(x.untyped_data(), buf, n, TypeOf(x), info.root, c.handle);
+    const bool root_here = c.rank == info.root;
+    // Off the root MPI reads nothing from x, which only needs a view to add.
+    const void* in = root_here || accumulate ? m.In(x) : nullptr;
+    const auto scatter = [&](void* buf) {
+      return mpi::Scatter(in, buf, n, TypeOf(x), info.root, c.handle);
     };
-    if (c.rank == info.root || !accumulate) return scatter(y->untyped_data());
-    return ReceiveAndAdd(x, *y, scatter);
+    if (root_here || !accumulate) return scatter(m.Out(*y));
+    return ReceiveAndAdd(x, in, m.Out(*y), scatter);
   });
 }
 
-ffi::Error Allgather(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
+template <class Memory>
+ffi::Error Allgather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                     int64_t comm) {
   CallInfo info = Describe("allgather", x);
-  return Run(info, comm, [&](const Comm& c) {
-    return mpi::Allgather(x.untyped_data(), y->untyped_data(), x.element_count(), TypeOf(x),
-                          c.handle);
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    return mpi::Allgather(m.In(x), m.Out(*y), x.element_count(), TypeOf(x), c.handle);
   });
 }
 
-ffi::Error Alltoall(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm) {
+template <class Memory>
+ffi::Error Alltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                    int64_t comm) {
   CallInfo info = Describe("alltoall", x);
-  return Run(info, comm, [&](const Comm& c) {
-    return mpi::Alltoall(x.untyped_data(), y->untyped_data(), x.element_count() / c.size, TypeOf(x),
-                         c.handle);
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    return mpi::Alltoall(m.In(x), m.Out(*y), x.element_count() / c.size, TypeOf(x), c.handle);
   });
 }
 
-ffi::Error Barrier(ffi::Token, TokenOut, int64_t comm) {
+template <class Memory>
+ffi::Error Barrier(typename Memory::Context ctx, ffi::Token, TokenOut, int64_t comm) {
   CallInfo info{"barrier"};
-  return Run(info, comm, [&](const Comm& c) { return mpi::Barrier(c.handle); });
+  return Run<Memory>(ctx, info, comm, kNoHostAccess,
+                     [&](const Comm& c, Memory&) { return mpi::Barrier(c.handle); });
 }
 
-ffi::Error Send(ffi::AnyBuffer x, ffi::Token, TokenOut, int64_t comm, int64_t dest, int64_t tag) {
+// A send to oneself is copied on the host (mpi_calls.h).
+template <class Memory>
+ffi::Error Send(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, TokenOut, int64_t comm,
+                int64_t dest, int64_t tag) {
   CallInfo info = Describe("send", x);
   info.dest = static_cast<int>(dest);
   info.send_tag = static_cast<int>(tag);
-  return Run(info, comm, [&](const Comm& c) {
-    return mpi::Send(x.untyped_data(), x.element_count(), TypeOf(x), info.dest, info.send_tag,
-                     c.handle);
+  const auto to_self = [&](const Comm& c) { return info.dest == c.rank; };
+  return Run<Memory>(ctx, info, comm, to_self, [&](const Comm& c, Memory& m) {
+    return mpi::Send(m.In(x), x.element_count(), TypeOf(x), info.dest, info.send_tag, c.handle);
   });
 }
 
-ffi::Error Recv(ffi::AnyBuffer x, ffi::Token, Out y, TokenOut, int64_t comm, int64_t source,
-                int64_t tag, int64_t status) {
+template <class Memory>
+ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
+                int64_t comm, int64_t source, int64_t tag, int64_t status) {
   CallInfo info = Describe("recv", x);
   info.source = static_cast<int>(source);
   info.recv_tag = static_cast<int>(tag);
-  return Run(info, comm, [&](const Comm& c) {
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    void* out = m.Out(*y);
     MPI_Status st;
-    const int code = mpi::Recv(y->untyped_data(), y->element_count(), TypeOf(x), info.source,
-                               info.recv_tag, c.handle, &st);
-    if (code == MPI_SUCCESS) FinishReceive(st, *y, status);
+    const int code =
+        mpi::Recv(out, y->element_count(), TypeOf(x), info.source, info.recv_tag, c.handle, &st);
+    if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), status);
     return code;
   });
 }
 
-ffi::Error Sendrecv(ffi::AnyBuffer send, ffi::AnyBuffer recv, ffi::Token, Out y, TokenOut,
-                    int64_t comm, int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag,
-                    int64_t status) {
+template <class Memory>
+ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyBuffer recv,
+                    ffi::Token, Out y, TokenOut, int64_t comm, int64_t source, int64_t dest,
+                    int64_t sendtag, int64_t recvtag, int64_t status) {
   CallInfo info = Describe("sendrecv", send);
   info.source = static_cast<int>(source);
   info.dest = static_cast<int>(dest);
@@ -401,80 +449,150 @@ ffi::Error Sendrecv(ffi::AnyBuffer send, ffi::AnyBuffer recv, ffi::Token, Out y,
   info.recv_tag = static_cast<int>(recvtag);
   info.recv_dtype = ElementOf(recv.element_type()).name;
   info.recv_shape = ShapeOf(recv);
-  return Run(info, comm, [&](const Comm& c) {
-    // The output aliases recv; MPI forbids it to overlap send (XLA copies an
-    // operand passed twice, but this does not rely on it).
-    std::vector<char> copy;
-    const void* source_data = send.untyped_data();
-    if (send.size_bytes() > 0 && source_data == y->untyped_data()) {
-      copy.assign(static_cast<const char*>(source_data),
-                  static_cast<const char*>(source_data) + send.size_bytes());
-      source_data = copy.data();
-    }
-    MPI_Status st;
-    const int code = mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
-                                   info.send_tag, y->untyped_data(), y->element_count(),
-                                   TypeOf(recv), info.source, info.recv_tag, c.handle, &st);
-    if (code == MPI_SUCCESS) FinishReceive(st, *y, status);
-    return code;
-  });
+  // The output aliases recv; MPI forbids it to overlap send, and an
+  // overlapping send is copied on the host (XLA copies an operand passed
+  // twice, but this does not rely on it).
+  const bool overlap = send.size_bytes() > 0 && send.untyped_data() == y->untyped_data();
+  return Run<Memory>(
+      ctx, info, comm, [&](const Comm&) { return overlap; },
+      [&](const Comm& c, Memory& m) {
+        const void* source_data = m.In(send);
+        void* out = m.Out(*y);
+        std::vector<char> copy;
+        if (overlap) {
+          const char* bytes = static_cast<const char*>(source_data);
+          copy.assign(bytes, bytes + send.size_bytes());
+          source_data = copy.data();
+        }
+        MPI_Status st;
+        const int code = mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
+                                       info.send_tag, out, y->element_count(), TypeOf(recv),
+                                       info.source, info.recv_tag, c.handle, &st);
+        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), status);
+        return code;
+      });
 }
 
-// Binding prefixes: (x, token) -> (y, token) and (x, token) -> token, attributes after.
+// Bindings: after platform P's prefix, the operands (the ordering token
+// last) and results, then the attributes.
+template <class P>
 auto Unary() {
-  return ffi::Ffi::Bind()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::Token>()
-      .Ret<ffi::AnyBuffer>()
-      .Ret<ffi::Token>()
-      .Attr<int64_t>("comm");
+  return P::Bind()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Attr<int64_t>("comm");
 }
 
-XLA_FFI_DEFINE_HANDLER(kAllreduce, Allreduce, Unary().Attr<int64_t>("op"));
-XLA_FFI_DEFINE_HANDLER(kReduce, Reduce, Unary().Attr<int64_t>("op").Attr<int64_t>("root"));
-XLA_FFI_DEFINE_HANDLER(
-    kScan, Scan, Unary().Attr<int64_t>("op").Attr<int64_t>("reverse").Attr<int64_t>("exclusive"));
-XLA_FFI_DEFINE_HANDLER(kBcast, Bcast, Unary().Attr<int64_t>("root").Attr<int64_t>("accumulate"));
-XLA_FFI_DEFINE_HANDLER(kGather, Gather, Unary().Attr<int64_t>("root").Attr<int64_t>("identity"));
-XLA_FFI_DEFINE_HANDLER(kScatter, Scatter,
-                       Unary().Attr<int64_t>("root").Attr<int64_t>("accumulate"));
-XLA_FFI_DEFINE_HANDLER(kAllgather, Allgather, Unary());
-XLA_FFI_DEFINE_HANDLER(kAlltoall, Alltoall, Unary());
-XLA_FFI_DEFINE_HANDLER(kBarrier, Barrier,
-                       ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>().Attr<int64_t>("comm"));
-XLA_FFI_DEFINE_HANDLER(kSend, Send,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::Token>()
-                           .Ret<ffi::Token>()
-                           .Attr<int64_t>("comm")
-                           .Attr<int64_t>("dest")
-                           .Attr<int64_t>("tag"));
-XLA_FFI_DEFINE_HANDLER(
-    kRecv, Recv, Unary().Attr<int64_t>("source").Attr<int64_t>("tag").Attr<int64_t>("status"));
-XLA_FFI_DEFINE_HANDLER(kSendrecv, Sendrecv,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::Token>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::Token>()
-                           .Attr<int64_t>("comm")
-                           .Attr<int64_t>("source")
-                           .Attr<int64_t>("dest")
-                           .Attr<int64_t>("sendtag")
-                           .Attr<int64_t>("recvtag")
-                           .Attr<int64_t>("status"));
+// One op: its binding and its handler template.
+#define MPIJAX_OP(Name, ...)               \
+  struct Name##Op {                        \
+    template <class P>                     \
+    static auto Bind() {                   \
+      return __VA_ARGS__;                  \
+    }                                      \
+    template <class Memory, class... Args> \
+    static ffi::Error Call(Args... args) { \
+      return Name<Memory>(args...);        \
+    }                                      \
+  }
+
+MPIJAX_OP(Allreduce, Unary<P>().template Attr<int64_t>("op"));
+MPIJAX_OP(Reduce, Unary<P>().template Attr<int64_t>("op").template Attr<int64_t>("root"));
+MPIJAX_OP(Scan, Unary<P>()
+                    .template Attr<int64_t>("op")
+                    .template Attr<int64_t>("reverse")
+                    .template Attr<int64_t>("exclusive"));
+MPIJAX_OP(Bcast, Unary<P>().template Attr<int64_t>("root").template Attr<int64_t>("accumulate"));
+MPIJAX_OP(Gather, Unary<P>().template Attr<int64_t>("root").template Attr<int64_t>("identity"));
+MPIJAX_OP(Scatter, Unary<P>().template Attr<int64_t>("root").template Attr<int64_t>("accumulate"));
+MPIJAX_OP(Allgather, Unary<P>());
+MPIJAX_OP(Alltoall, Unary<P>());
+MPIJAX_OP(
+    Barrier,
+    P::Bind().template Arg<ffi::Token>().template Ret<ffi::Token>().template Attr<int64_t>("comm"));
+MPIJAX_OP(Send, P::Bind()
+                    .template Arg<ffi::AnyBuffer>()
+                    .template Arg<ffi::Token>()
+                    .template Ret<ffi::Token>()
+                    .template Attr<int64_t>("comm")
+                    .template Attr<int64_t>("dest")
+                    .template Attr<int64_t>("tag"));
+MPIJAX_OP(Recv, Unary<P>()
+                    .template Attr<int64_t>("source")
+                    .template Attr<int64_t>("tag")
+                    .template Attr<int64_t>("status"));
+MPIJAX_OP(Sendrecv, P::Bind()
+                        .template Arg<ffi::AnyBuffer>()
+                        .template Arg<ffi::AnyBuffer>()
+                        .template Arg<ffi::Token>()
+                        .template Ret<ffi::AnyBuffer>()
+                        .template Ret<ffi::Token>()
+                        .template Attr<int64_t>("comm")
+                        .template Attr<int64_t>("source")
+                        .template Attr<int64_t>("dest")
+                        .template Attr<int64_t>("sendtag")
+                        .template Attr<int64_t>("recvtag")
+                        .template Attr<int64_t>("status"));
+#undef MPIJAX_OP
+
+// Platforms: what XLA hands a handler first (the binding's prefix), and the
+// memory policy made of it.
+struct Cpu {
+  using Memory = HostMemory;
+  static auto Bind() { return ffi::Ffi::Bind(); }
+  template <class Op>
+  static auto Entry() {
+    return [](auto... args) { return Op::template Call<Memory>(Memory::Context{}, args...); };
+  }
+};
+
+#ifdef MPIJAX_CUDA
+struct Cuda {
+  using Memory = CudaMemory;
+  static auto Bind() { return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>(); }
+  template <class Op>
+  static auto Entry() {
+    return [](cudaStream_t stream, auto... args) {
+      return Op::template Call<Memory>(stream, args...);
+    };
+  }
+};
+#endif
+
+// The XLA_FFI_Handler of `Op` on `Platform`.
+template <class Platform, class Op>
+XLA_FFI_Error* Handle(XLA_FFI_CallFrame* frame) {
+  static auto* handler = Op::template Bind<Platform>().To(Platform::template Entry<Op>()).release();
+  return handler->Call(frame);
+}
+
+template <class Platform>
+std::vector<std::pair<const char*, XLA_FFI_Handler*>> Handlers() {
+  return {{"mpijax_allreduce", Handle<Platform, AllreduceOp>},
+          {"mpijax_reduce", Handle<Platform, ReduceOp>},
+          {"mpijax_scan", Handle<Platform, ScanOp>},
+          {"mpijax_bcast", Handle<Platform, BcastOp>},
+          {"mpijax_gather", Handle<Platform, GatherOp>},
+          {"mpijax_scatter", Handle<Platform, ScatterOp>},
+          {"mpijax_allgather", Handle<Platform, AllgatherOp>},
+          {"mpijax_alltoall", Handle<Platform, AlltoallOp>},
+          {"mpijax_barrier", Handle<Platform, BarrierOp>},
+          {"mpijax_send", Handle<Platform, SendOp>},
+          {"mpijax_recv", Handle<Platform, RecvOp>},
+          {"mpijax_sendrecv", Handle<Platform, SendrecvOp>}};
+}
 
 }  // namespace
 
-std::vector<std::pair<const char*, XLA_FFI_Handler*>> CpuHandlers() {
-  return {{"mpijax_allreduce", kAllreduce}, {"mpijax_reduce", kReduce},
-          {"mpijax_scan", kScan},           {"mpijax_bcast", kBcast},
-          {"mpijax_gather", kGather},       {"mpijax_scatter", kScatter},
-          {"mpijax_allgather", kAllgather}, {"mpijax_alltoall", kAlltoall},
-          {"mpijax_barrier", kBarrier},     {"mpijax_send", kSend},
-          {"mpijax_recv", kRecv},           {"mpijax_sendrecv", kSendrecv}};
+std::map<std::string, std::vector<std::pair<const char*, XLA_FFI_Handler*>>> HandlersByPlatform() {
+  return {
+      {"cpu", Handlers<Cpu>()},
+#ifdef MPIJAX_CUDA
+      {"CUDA", Handlers<Cuda>()},
+#endif
+  };
 }
 
 }  // namespace mpijax

@@ -1,6 +1,9 @@
-// The XLA FFI handlers, one per operation, registered as "mpijax_<name>".
+// The XLA FFI handlers, one per operation and platform, registered as
+// "mpijax_<name>".
 #pragma once
 
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -8,6 +11,7 @@
 
 namespace mpijax {
 
-std::vector<std::pair<const char*, XLA_FFI_Handler*>> CpuHandlers();
+// Platform ("cpu", and "CUDA" in CUDA builds) -> (target name, handler).
+std::map<std::string, std::vector<std::pair<const char*, XLA_FFI_Handler*>>> HandlersByPlatform();
 
 }  // namespace mpijax

@@ -2,6 +2,9 @@
 // registry, and what Python needs to know about the linked MPI library.
 #include <dlfcn.h>
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: MPIX_Query_cuda_support
+#endif
 #include <mpi4py/mpi4py.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -13,6 +16,9 @@
 #include <string>
 
 #include "check.h"
+#ifdef MPIJAX_CUDA
+#include "cuda_memory.h"
+#endif
 #include "handlers.h"
 #include "log.h"
 #include "mpi_calls.h"
@@ -59,6 +65,19 @@ const char* HeaderVersion() {
 #endif
 }
 
+// Whether the MPI library moves device memory: 1 yes, 0 no, -1 it cannot
+// tell (Open MPI's and MPICH's extensions answer; other libraries may not).
+int CudaAwareMpi() {
+#if defined(OPEN_MPI) && defined(MPIX_CUDA_AWARE_SUPPORT)
+  return MPIX_Query_cuda_support();
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  return MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported) == MPI_SUCCESS ? supported : -1;
+#else
+  return -1;
+#endif
+}
+
 std::string LibraryVersion() {
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int length = 0;
@@ -78,12 +97,22 @@ NB_MODULE(_core, m) {
   m.attr("mpi4py_error") = mpi4py_error;
 
   m.def("ffi_targets", [] {
-    nb::dict targets;
-    for (const auto& [name, handler] : CpuHandlers()) {
-      targets[name] = nb::capsule(reinterpret_cast<void*>(handler));
+    nb::dict platforms;
+    for (const auto& [platform, handlers] : HandlersByPlatform()) {
+      nb::dict targets;
+      for (const auto& [name, handler] : handlers) {
+        targets[name] = nb::capsule(reinterpret_cast<void*>(handler));
+      }
+      platforms[platform.c_str()] = targets;
     }
-    return targets;
+    return platforms;
   });
+  m.def("cuda_aware_mpi", &CudaAwareMpi);
+#ifdef MPIJAX_CUDA
+  m.def("set_cuda_aware", &SetCudaAware);
+  m.def("cuda_aware", &CudaAware);
+  m.def("cuda_device_count", &CudaDeviceCount);
+#endif
 
   m.def(
       "register_comm",

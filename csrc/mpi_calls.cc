@@ -293,19 +293,14 @@ int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op o
            MPI_Comm comm) {
   int rank;
   if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
-#ifdef MPICH_VERSION
-  // MPICH 4.0-4.1.1 crash on MPI_IN_PLACE at a root other than 0
-  // (pmodels/mpich#6540), and its derivatives carry their own version
-  // numbers: reduce from a copy there.
   std::vector<char> copy;
-  if (rank == root && root != 0 && in == out && count > 0 && type != MPI_DATATYPE_NULL) {
+  if (ReduceCopiesInput(rank, root) && in == out && count > 0 && type != MPI_DATATYPE_NULL) {
     MPI_Aint lb, extent;
     if (int rc = MPI_Type_get_extent(type, &lb, &extent)) return rc;
     const char* bytes = static_cast<const char*>(in);
     copy.assign(bytes, bytes + count * extent);
     in = copy.data();
   }
-#endif
   return Chunked(
       in, rank == root ? out : nullptr, count, type, op, [&](const void* src, void* dst, int n) {
         return Complete(

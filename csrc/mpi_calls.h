@@ -70,6 +70,16 @@ int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_O
               MPI_Comm comm);
 int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, int root,
            MPI_Comm comm);
+// Whether Reduce reads an in-place input through a host copy on `rank`:
+// MPICH 4.0-4.1.1 crash on MPI_IN_PLACE at a root other than 0
+// (pmodels/mpich#6540), and its derivatives carry their own version numbers.
+constexpr bool ReduceCopiesInput([[maybe_unused]] int rank, [[maybe_unused]] int root) {
+#ifdef MPICH_VERSION
+  return rank == root && root != 0;
+#else
+  return false;
+#endif
+}
 // exclusive: MPI_Exscan, which leaves `out` on the first rank undefined.
 // inout = in + inout (MPI_Reduce_local with `op`, chunked).
 int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op);

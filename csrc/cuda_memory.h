@@ -1,0 +1,66 @@
+// The memory policy of the CUDA handlers (see memory.h).
+//
+// Staged (the default): the handler runs on the host while XLA's stream may
+// still be working on the buffers, so the policy first synchronises that
+// stream; inputs are then copied to pinned host memory, MPI works there, and
+// outputs go back with copies queued on XLA's stream. The pinned memory is one
+// arena reused by every call (grown on demand, never allocated per call);
+// before handing it out again the policy waits for the previous call's copies
+// back.
+//
+// CUDA-aware (MPIJAX_CUDA_AWARE=1): after the same synchronisation, views are
+// the device buffers themselves and MPI moves device memory. A call that needs
+// host access to its data (accumulating transposes, messages to oneself) is
+// staged all the same.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace mpijax {
+
+bool CudaAware();
+void SetCudaAware(bool enabled);
+
+class CudaMemory {
+ public:
+  using Context = cudaStream_t;  // XLA's stream for the call
+  CudaMemory(Context stream, bool host_access);
+  ~CudaMemory();
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+
+  void* In(const xla::ffi::AnyBuffer& b);
+  void* Out(xla::ffi::AnyBuffer& b);
+  void Copy(void* to, const void* from, size_t bytes);
+  void Zero(void* to, size_t bytes);
+  void Finish();
+  std::string error() const { return error_; }
+
+ private:
+  struct View {
+    void* device;
+    void* host;
+    size_t bytes;
+    bool output;
+  };
+  View& ViewOf(const xla::ffi::AnyBuffer& b, bool copy_in);
+  bool Check(cudaError_t status, const char* what);
+
+  cudaStream_t stream_;
+  bool staged_;
+  std::unique_lock<std::mutex> arena_lock_;
+  std::vector<View> views_;
+  std::string error_;
+};
+
+// How many CUDA devices this process can see (0 without a driver).
+int CudaDeviceCount();
+
+}  // namespace mpijax
