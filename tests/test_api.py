@@ -2,15 +2,20 @@
 code written for it runs with `import mpijax as mpi4jax`."""
 
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import mpijax
+from mpijax._src.runtime import core
 
 from reference import RANK, SIZE
+
+NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
 
 # Signatures of mpi4jax 0.8 / 0.9 (token-free API; token= is only there to be refused).
 MPI4JAX_SIGNATURES = {
@@ -29,10 +34,13 @@ MPI4JAX_SIGNATURES = {
     "token=NOTSET)",
     "has_cuda_support": "()",
 }
-# mpijax's own additions: the reliability switches (docs/failure-modes.md).
+# mpijax's own additions: the reliability switches (docs/failure-modes.md)
+# and the GPU helpers (docs/gpu.md).
 MPIJAX_EXTRAS = {
+    "bind_local_gpu": "(comm=None)",
     "call_stats": "(*, reset=False)",
     "set_check": "(enabled=True)",
+    "set_cuda_aware": "(enabled=True)",
     "set_timeout": "(seconds)",
 }
 
@@ -44,8 +52,36 @@ def test_public_names_and_signatures():
         assert str(inspect.signature(getattr(mpijax, name))) == signature, name
 
 
-def test_has_cuda_support_is_a_bool():
-    assert mpijax.has_cuda_support() is False  # this build has no CUDA handlers
+def test_cuda_support_is_what_the_build_has():
+    """A build with the CUDA toolkit has CUDA handlers, and programs lower for
+    CUDA with the same token-threaded custom calls (checked without a GPU)."""
+    assert mpijax.has_cuda_support() is ("CUDA" in core.ffi_targets())
+    if not mpijax.has_cuda_support():
+        pytest.skip("a CPU-only build: CMake found no CUDA toolkit")
+    f = jax.jit(lambda x: mpijax.sendrecv(mpijax.allreduce(x, MPI.SUM), x, PREV, NEXT))
+    text = f.trace(jnp.ones(3)).lower(lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r"stablehlo\.custom_call @(mpijax_\w+)\(([^)]*)\)", text)
+    assert [name for name, _ in calls] == ["mpijax_allreduce", "mpijax_sendrecv"], text
+    assert all("!stablehlo.token" in text for _ in calls)
+
+
+def test_cuda_aware_mode_needs_an_mpi_that_moves_device_memory():
+    if not mpijax.has_cuda_support():
+        with pytest.raises(RuntimeError, match="no CUDA handlers"):
+            mpijax.set_cuda_aware(True)
+    elif core.cuda_aware_mpi() == 0:
+        with pytest.raises(RuntimeError, match="says it cannot move device memory"):
+            mpijax.set_cuda_aware(True)
+        assert not core.cuda_aware()
+    else:
+        pytest.skip("this MPI library is CUDA-aware: tests/test_gpu.py uses the mode")
+    mpijax.set_cuda_aware(False)  # always allowed
+
+
+def test_bind_local_gpu_must_come_before_jax_starts():
+    jax.devices()
+    with pytest.raises(RuntimeError, match="before JAX starts"):
+        mpijax.bind_local_gpu()
 
 
 def test_mpi4jax_code_runs_unchanged():

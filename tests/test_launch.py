@@ -148,6 +148,25 @@ def test_import_check_with_mpi4py_built_on_another_mpi(tmp_path):
     assert len(libraries) == 2 and libraries[0] != libraries[1], message
 
 
+@pytest.mark.parametrize("variable", ["MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"])
+def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
+    """Asked for with an MPI that says it cannot move device memory, CUDA-aware
+    mode is refused at import with the reason; a CPU-only build ignores it."""
+    from mpijax._src import runtime
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    env[variable] = "1"
+    code = "import mpijax; print(mpijax._src.runtime.core.cuda_aware() if mpijax.has_cuda_support() else 'cpu')"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if not runtime.has_cuda_support():
+        assert result.returncode == 0 and result.stdout.strip() == "cpu", result.stderr
+    elif runtime.core.cuda_aware_mpi() == 0:
+        assert result.returncode != 0
+        assert "says it cannot move device memory" in result.stderr.strip().splitlines()[-1], result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+
+
 SEED = ROOT / "examples" / "seed"
 
 

@@ -6,6 +6,7 @@ from jax import lax
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
@@ -17,6 +18,10 @@ abstract_token = getattr(jax.ffi, "abstract_token", None) or _core.abstract_toke
 # Eager evaluation of a primitive: compile it alone and run it, with the
 # runtime tokens of ordered effects threaded between calls.
 apply_primitive = _dispatch.apply_primitive
+
+
+# Whether JAX has started its backends (after which devices are fixed).
+backends_initialized = _xla_bridge.backends_are_initialized
 
 
 def register_ordered_effect(effect_type):

@@ -11,7 +11,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import ad, batching, mlir
 
 from . import jax_compat
-from .runtime import core  # noqa: F401  (registers the FFI targets)
+from .runtime import FFI_TARGETS
 
 
 class MpiEffect(jax_compat.Effect):
@@ -69,7 +69,8 @@ def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None):
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
         return results
 
-    mlir.register_lowering(prim, lower, platform="cpu")
+    for platform in FFI_TARGETS:
+        mlir.register_lowering(prim, lower, platform=platform.lower())
     return prim
 
 

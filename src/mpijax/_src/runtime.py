@@ -67,8 +67,11 @@ if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
 # Exit needs no hook of ours: JAX's atexit function waits for the runtime
 # tokens of ordered effects, and mpi4py calls MPI_Finalize from Py_AtExit,
 # which runs after every atexit function.
-for _name, _capsule in core.ffi_targets().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+# Platform ("cpu", and "CUDA" in a CUDA build) -> {target name: handler}.
+FFI_TARGETS = core.ffi_targets()
+for _platform, _targets in FFI_TARGETS.items():
+    for _name, _capsule in _targets.items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)
 
 
 def set_check(enabled=True):
@@ -105,9 +108,40 @@ def call_stats(*, reset=False):
     return stats
 
 
+def has_cuda_support():
+    """Whether this build has the CUDA handlers (built when CMake finds the
+    CUDA toolkit), so that MPI calls run on arrays on NVIDIA GPUs."""
+    return "CUDA" in FFI_TARGETS
+
+
+def set_cuda_aware(enabled=True):
+    """CUDA-aware mode: MPI moves device memory itself, instead of mpijax
+    staging it through pinned host memory (the default). Needs an MPI library
+    built with CUDA support: refused if the library says it has none. Takes
+    effect at once, also for compiled functions; set it alike on every rank.
+    Same as MPIJAX_CUDA_AWARE=1 (or mpi4jax's MPI4JAX_USE_CUDA_MPI=1)."""
+    enabled = bool(enabled)
+    if enabled and not has_cuda_support():
+        raise RuntimeError("mpijax.set_cuda_aware: this build of mpijax has no CUDA handlers")
+    if enabled and core.cuda_aware_mpi() == 0:
+        library = _first_line(MPI.Get_library_version())
+        raise RuntimeError(
+            f"mpijax: CUDA-aware mode was asked for, but the MPI library ({library}) says it cannot "
+            "move device memory. Use an MPI built with CUDA support, or leave MPIJAX_CUDA_AWARE "
+            "unset: mpijax then stages device data through pinned host memory."
+        )
+    if has_cuda_support():
+        core.set_cuda_aware(enabled)
+
+
+def _flag(*names):
+    return any(os.environ.get(name, "") not in ("", "0") for name in names)
+
+
 def _settings_from_environment():
-    flag = os.environ.get("MPIJAX_CHECK", "")
-    set_check(flag not in ("", "0"))
+    set_check(_flag("MPIJAX_CHECK"))
+    if has_cuda_support():  # a CPU-only build has no device memory to be aware of
+        set_cuda_aware(_flag("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"))
     timeout = os.environ.get("MPIJAX_TIMEOUT", "")
     try:
         set_timeout(float(timeout) if timeout else None)
@@ -137,8 +171,3 @@ def _abort_after(previous_hook):
 _settings_from_environment()
 if os.environ.get("MPIJAX_ABORT_ON_EXCEPTION", "1") != "0":
     sys.excepthook = _abort_after(sys.excepthook)
-
-
-def has_cuda_support():
-    """Whether this build has the CUDA handlers (not yet: CPU only)."""
-    return False
