@@ -13,101 +13,138 @@
 // allgather/alltoall write one element of the result back into the input.
 // MPI runs at MPI_THREAD_MULTIPLE, the level mpi4py (and so every Python
 // binding) asks for.
-//   raw_mpi REPS SIZE [SIZE...]   (sizes in bytes)
+//   raw_mpi REPS SIZE [SIZE...]   every operation at these sizes (bytes)
+//   raw_mpi REPS serve            the cases named on standard input, one
+//                                 "OP BYTES" line each (worker.py --serve)
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
 namespace {
 
+const char* const kOps[] = {"allreduce", "bcast", "allgather", "alltoall", "sendrecv", "pingpong"};
+
 int Iterations(long bytes) { return static_cast<int>(std::clamp(268435456L / bytes, 40L, 10000L)); }
 
-struct Case {
-  const char* op;
-  std::function<void()> call;  // one operation (a round trip for pingpong: counted as two)
-  double per_call;             // operations per call
-};
+// Times `op` on messages of `bytes` and prints its line on rank 0.
+void TimeCase(const std::string& op, long bytes, int reps) {
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  const int n = static_cast<int>(bytes / 4);  // float32 elements
+  std::vector<float> x(static_cast<size_t>(n) * size, 1.0f), y(x.size(), 0.0f);
+  long step = 0;
+  // One element of the result back into the input, at a moving index.
+  const auto feed_back = [&] {
+    ++step;
+    x[step % x.size()] = y[(step * 7) % y.size()];
+  };
+  std::function<void()> call;  // one operation, or two for sendrecv and pingpong
+  double per_call = 1;
+  if (op == "allreduce") {
+    call = [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+  } else if (op == "bcast") {
+    call = [&] { MPI_Bcast(x.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); };
+  } else if (op == "allgather") {
+    call = [&] {
+      MPI_Allgather(x.data(), n, MPI_FLOAT, y.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else if (op == "alltoall") {
+    call = [&] {
+      MPI_Alltoall(x.data(), n, MPI_FLOAT, y.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else if (op == "sendrecv") {
+    per_call = 2;
+    call = [&] {
+      MPI_Sendrecv(x.data(), n, MPI_FLOAT, next, 0, y.data(), n, MPI_FLOAT, prev, 0, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+      MPI_Sendrecv(y.data(), n, MPI_FLOAT, next, 0, x.data(), n, MPI_FLOAT, prev, 0, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+    };
+  } else if (op == "pingpong") {
+    per_call = 2;
+    call = [&] {
+      if (rank == 0) {
+        MPI_Send(x.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
+        MPI_Recv(x.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      } else if (rank == 1) {
+        MPI_Recv(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+      }
+    };
+  } else {
+    if (rank == 0) std::fprintf(stderr, "raw_mpi: unknown operation %s\n", op.c_str());
+    return;
+  }
+  const int iters = Iterations(bytes);
+  std::vector<double> times;
+  for (int r = 0; r <= reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    for (int i = 0; i < iters; ++i) call();
+    double mine = (MPI_Wtime() - start) / (iters * per_call), slowest;
+    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (r > 0) times.push_back(slowest * 1e6);  // repetition 0 warms up
+  }
+  std::sort(times.begin(), times.end());
+  if (rank == 0) {
+    std::printf(
+        "{\"impl\": \"raw MPI (C++)\", \"op\": \"%s\", \"bytes\": %ld, \"min\": %.4f, "
+        "\"median\": %.4f, \"max\": %.4f}\n",
+        op.c_str(), bytes, times.front(), times[times.size() / 2], times.back());
+    std::fflush(stdout);
+  }
+}
+
+// The next "OP BYTES" line of rank 0's standard input on every rank ("" at
+// its end). The other ranks wait asleep, not spinning in MPI, so that an idle
+// server leaves the cores to the one measuring.
+std::string NextCase() {
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char line[256] = {};
+  if (rank == 0) {
+    std::string text;
+    if (std::getline(std::cin, text)) std::strncpy(line, text.c_str(), sizeof line - 1);
+    for (int r = 1; r < size; ++r) MPI_Send(line, sizeof line, MPI_CHAR, r, 7, MPI_COMM_WORLD);
+    return line;
+  }
+  MPI_Request request;
+  MPI_Irecv(line, sizeof line, MPI_CHAR, 0, 7, MPI_COMM_WORLD, &request);
+  for (int done = 0; MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done;) {
+    const timespec pause{0, 500000};
+    nanosleep(&pause, nullptr);
+  }
+  return line;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank, size;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int reps = std::atoi(argv[1]);
-  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
-  for (int a = 2; a < argc; ++a) {
-    const long bytes = std::atol(argv[a]);
-    const int n = static_cast<int>(bytes / 4);  // float32 elements
-    std::vector<float> x(static_cast<size_t>(n) * size, 1.0f), y(x.size(), 0.0f);
-    long step = 0;
-    // One element of the result back into the input, at a moving index.
-    const auto feed_back = [&] {
-      ++step;
-      x[step % x.size()] = y[(step * 7) % y.size()];
-    };
-    const Case cases[] = {
-        {"allreduce",
-         [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, 1},
-        {"bcast", [&] { MPI_Bcast(x.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); }, 1},
-        {"allgather",
-         [&] {
-           MPI_Allgather(x.data(), n, MPI_FLOAT, y.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
-           feed_back();
-         },
-         1},
-        {"alltoall",
-         [&] {
-           MPI_Alltoall(x.data(), n, MPI_FLOAT, y.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
-           feed_back();
-         },
-         1},
-        {"sendrecv",
-         [&] {
-           MPI_Sendrecv(x.data(), n, MPI_FLOAT, next, 0, y.data(), n, MPI_FLOAT, prev, 0,
-                        MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-           MPI_Sendrecv(y.data(), n, MPI_FLOAT, next, 0, x.data(), n, MPI_FLOAT, prev, 0,
-                        MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-         },
-         2},
-        {"pingpong",
-         [&] {
-           if (rank == 0) {
-             MPI_Send(x.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
-             MPI_Recv(x.data(), n, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-           } else if (rank == 1) {
-             MPI_Recv(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-             MPI_Send(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
-           }
-         },
-         2},
-    };
-    const int iters = Iterations(bytes);
-    for (const Case& c : cases) {
-      std::vector<double> times;
-      for (int r = 0; r <= reps; ++r) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const double start = MPI_Wtime();
-        for (int i = 0; i < iters; ++i) c.call();
-        double mine = (MPI_Wtime() - start) / (iters * c.per_call), slowest;
-        MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (r > 0) times.push_back(slowest * 1e6);  // repetition 0 warms up
-      }
-      std::sort(times.begin(), times.end());
-      if (rank == 0) {
-        std::printf(
-            "{\"impl\": \"raw MPI (C++)\", \"op\": \"%s\", \"bytes\": %ld, \"min\": %.4f, "
-            "\"median\": %.4f, \"max\": %.4f}\n",
-            c.op, bytes, times.front(), times[times.size() / 2], times.back());
-        std::fflush(stdout);
-      }
+  if (argc > 2 && std::string(argv[2]) == "serve") {
+    for (std::string line = NextCase(); !line.empty(); line = NextCase()) {
+      char op[64];
+      long bytes;
+      if (std::sscanf(line.c_str(), "%63s %ld", op, &bytes) == 2) TimeCase(op, bytes, reps);
+    }
+  } else {
+    for (int a = 2; a < argc; ++a) {
+      for (const char* op : kOps) TimeCase(op, std::atol(argv[a]), reps);
     }
   }
   MPI_Finalize();

@@ -42,7 +42,7 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def mpirun(n, *command):
+def mpirun(n, *command, serve=False):
     env = dict(os.environ)
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")  # on a GPU, the two ranks share it
@@ -50,21 +50,56 @@ def mpirun(n, *command):
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     openmpi = "Open MPI" in subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
     bind = ["--bind-to", "core"] if openmpi else ["-bind-to", "core"]
-    return subprocess.Popen(["mpirun", "-n", str(n), *bind, *command], env=env, stdout=subprocess.PIPE, text=True)
+    stdin = subprocess.PIPE if serve else None
+    return subprocess.Popen(["mpirun", "-n", str(n), *bind, *command], env=env, stdin=stdin, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+
+
+def record(line, results, stage):
+    """Keep one JSON line, with a line of progress."""
+    entry = json.loads(line) | {"stage": stage}
+    results.append(entry)
+    if "op" in entry:
+        size = human(entry["bytes"])
+        print(f"  {entry['impl'][:16]:16s} {entry['op']:10s} {size:>7s}  {entry['median']:12.2f} us", flush=True)
 
 
 def collect(process, results, stage):
-    """Read JSON lines as they come, with a line of progress for each."""
+    """Read JSON lines as they come."""
     for line in process.stdout:
-        if not line.startswith("{"):
-            continue
-        record = json.loads(line) | {"stage": stage}
-        results.append(record)
-        if "op" in record:
-            size = human(record["bytes"])
-            print(f"  {stage:10s} {record['op']:10s} {size:>7s}  {record['median']:12.2f} us", flush=True)
+        if line.startswith("{"):
+            record(line, results, stage)
     if process.wait():
         raise SystemExit(f"{stage} failed (exit code {process.returncode})")
+
+
+def interleaved(servers, sizes, results):
+    """The closest competitors case by case: each is a server under its own
+    mpirun (`--serve`), asked for one case at a time, in an order that rotates
+    from case to case. This machine has slow phases that last minutes (the
+    same raw MPI ping-pong takes 13 us or 37 us depending on the minute);
+    stage by stage, one could fall on one implementation and not another."""
+
+    def ask(name, op, nbytes):
+        server = servers[name]
+        server.stdin.write(f"{op} {nbytes}\n")
+        server.stdin.flush()
+        line = next((line for line in server.stdout if line.startswith("{")), None)
+        if line is None:
+            raise SystemExit(f"{name} ended before answering {op} {nbytes} (exit code {server.wait()})")
+        return line
+
+    names = list(servers)
+    for name in names:  # a first call pays for setting MPI up: not a case
+        ask(name, OPS[0], 8)
+    cases = [(op, nbytes) for nbytes in sizes for op in OPS]
+    for i, (op, nbytes) in enumerate(cases):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            record(ask(name, op, nbytes), results, "close")
+    for name, server in servers.items():
+        server.stdin.close()
+        if server.wait():
+            raise SystemExit(f"{name} failed (exit code {server.returncode})")
 
 
 def build(program):
@@ -85,35 +120,21 @@ def stages(sizes, reps, calls, gpu):
             ("copy", 1, lambda: [str(build("copy_bound")), str(reps), *map(str, sizes)]),
             *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax"]],
         ]
-    # The closest competitors run twice, in opposite orders (best_of).
-    close = [
-        ("raw", 2, lambda: [str(build("raw_mpi")), str(reps), *map(str, sizes)]),
-        *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax"]],
-    ]
     return [
-        *close,
         *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpi4py", "jax"]],
-        *reversed(close),
         ("check", 2, lambda: [*worker, "mpijax-check", "--reps", str(reps), "--sizes", *map(str, MARKS)]),
         ("dispatch", 1, lambda: [*worker, "dispatch"]),
         ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
     ]
 
 
-def best_of(results):
-    """For a case timed in several passes, the pass with the lowest median:
-    this machine has slow phases that last minutes (the same ping-pong takes
-    13 us or 37 us in raw MPI, depending on the minute), and a stage that ran
-    in one would otherwise be compared with one that did not."""
-    best, other = {}, []
-    for record in results:
-        if "op" not in record:
-            other.append(record)
-            continue
-        key = (record["impl"], record["op"], record["bytes"])
-        if key not in best or record["median"] < best[key]["median"]:
-            best[key] = record
-    return other + list(best.values())
+def servers(reps, have_mpi4jax):
+    """raw MPI, mpijax and mpi4jax (if installed) as servers of cases (interleaved)."""
+    worker = [sys.executable, str(HERE / "worker.py")]
+    commands = {"raw": [str(build("raw_mpi")), str(reps), "serve"]}
+    for impl in ["mpijax", "mpi4jax"] if have_mpi4jax else ["mpijax"]:
+        commands[impl] = [*worker, impl, "--reps", str(reps), "--serve"]
+    return {name: mpirun(2, *command, serve=True) for name, command in commands.items()}
 
 
 def main():
@@ -137,6 +158,9 @@ def main():
         results = [r for r in previous["results"] if r.get("stage") not in args.only]
         minutes = previous["setup"]["minutes"]
     have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None
+    if not args.gpu and (not args.only or "close" in args.only):
+        print("== close: raw MPI, mpijax" + (", mpi4jax" if have_mpi4jax else "") + ", interleaved", flush=True)
+        interleaved(servers(reps, have_mpi4jax), sizes, results)
     for stage, ranks, command in stages(sizes, reps, calls, args.gpu):
         if args.only and stage not in args.only:
             continue
@@ -157,7 +181,6 @@ def main():
         "reps": reps,
         "minutes": round(minutes + (time.time() - started) / 60, 1),
     }
-    results = best_of(results)
     saved.write_text(json.dumps({"setup": setup, "results": results}, indent=1))
     from report import write_gpu_report, write_report  # matplotlib only here
 

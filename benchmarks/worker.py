@@ -132,47 +132,72 @@ def loops(body, wrap):
     return run(step), run(lambda i, c: c)
 
 
-def time_jax_loops(impl, bodies, wrap, make_input, sizes, reps, fewer=1):
-    for nbytes in sizes:
+def batch(sizes):
+    """Every operation at every size."""
+    return ((op, nbytes) for nbytes in sizes for op in OPS)
+
+
+def served():
+    """The cases named on rank 0's standard input, one `OP BYTES` line each,
+    until it ends: run.py interleaves implementations case by case this way.
+    The other ranks wait for the next case asleep rather than spinning in MPI,
+    so that an idle server leaves the cores to the one measuring."""
+    while True:
+        if RANK == 0:
+            line = sys.stdin.readline()
+            for rank in range(1, SIZE):
+                WORLD.send(line, dest=rank, tag=7)
+        else:
+            request = WORLD.irecv(source=0, tag=7)
+            while not (answer := request.test())[0]:
+                time.sleep(0.0005)
+            line = answer[1]
+        if not line.strip():
+            return
+        op, nbytes = line.split()
+        yield op, int(nbytes)
+
+
+def time_jax_loops(impl, bodies, wrap, make_input, cases, reps, fewer=1):
+    for op, nbytes in cases:
         iters = max(iterations(nbytes) // fewer, 10)
-        for op in OPS:
-            x = make_input(op, nbytes)
-            with_op, empty = loops(bodies[op], wrap)
-            count = bodies[op][2]
-            steps = max(iters // count, 1)
-            jax.block_until_ready((with_op(x, steps), empty(x, steps)))  # compile
-            times = []
-            for rep in range(reps + 1):
-                elapsed = []
-                for loop in (with_op, empty):
-                    WORLD.Barrier()
-                    start = time.perf_counter()
-                    jax.block_until_ready(loop(x, steps))
-                    elapsed.append(time.perf_counter() - start)
-                if rep:
-                    times.append(slowest((elapsed[0] - elapsed[1]) / (steps * count)) * 1e6)
-            report(impl, op, nbytes, times)
+        x = make_input(op, nbytes)
+        with_op, empty = loops(bodies[op], wrap)
+        count = bodies[op][2]
+        steps = max(iters // count, 1)
+        jax.block_until_ready((with_op(x, steps), empty(x, steps)))  # compile
+        times = []
+        for rep in range(reps + 1):
+            elapsed = []
+            for loop in (with_op, empty):
+                WORLD.Barrier()
+                start = time.perf_counter()
+                jax.block_until_ready(loop(x, steps))
+                elapsed.append(time.perf_counter() - start)
+            if rep:
+                times.append(slowest((elapsed[0] - elapsed[1]) / (steps * count)) * 1e6)
+        report(impl, op, nbytes, times)
 
 
-def run_mpijax(sizes, reps, check=False):
+def run_mpijax(cases, reps, check=False):
     import mpijax
 
     mpijax.set_check(check)
     comm = WORLD.Dup()
     inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
     name = "mpijax, check mode" if check else "mpijax"
-    time_jax_loops(name, mpi_bodies(mpijax, comm), lambda f: f, inputs, sizes, reps)
+    time_jax_loops(name, mpi_bodies(mpijax, comm), lambda f: f, inputs, cases, reps)
 
 
-def run_mpi4jax(sizes, reps):
+def run_mpi4jax(cases, reps):
     import mpi4jax
 
     comm = WORLD.Dup()
     inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
-    time_jax_loops(f"mpi4jax {mpi4jax.__version__}", mpi_bodies(mpi4jax, comm), lambda f: f, inputs, sizes, reps)
+    time_jax_loops(f"mpi4jax {mpi4jax.__version__}", mpi_bodies(mpi4jax, comm), lambda f: f, inputs, cases, reps)
 
 
-def run_jax_native(sizes, reps):
+def run_jax_native(cases, reps):
     """jax.distributed with shard_map collectives over gloo (TCP on loopback)."""
     import socket
     from functools import partial
@@ -203,11 +228,11 @@ def run_jax_native(sizes, reps):
         return jax.make_array_from_process_local_data(sharding, local)
 
     # gloo takes about a millisecond per operation: a fiftieth of the iterations.
-    time_jax_loops(f"JAX shard_map (gloo) {jax.__version__}", jax_native_bodies(), wrap, inputs, sizes, reps, fewer=50)
+    time_jax_loops(f"JAX shard_map (gloo) {jax.__version__}", jax_native_bodies(), wrap, inputs, cases, reps, fewer=50)
     jax.distributed.shutdown()
 
 
-def run_mpi4py(sizes, reps):
+def run_mpi4py(cases, reps):
     """mpi4py on NumPy views of JAX arrays, results copied back into JAX."""
     comm = WORLD.Dup()
 
@@ -237,22 +262,21 @@ def run_mpi4py(sizes, reps):
             "pingpong": pingpong,
         }[op]
 
-    for nbytes in sizes:
+    for op, nbytes in cases:
         iters = iterations(nbytes)
-        for op in OPS:
-            x = jnp.ones(shape_of(op, nbytes), jnp.float32)
-            call = calls(op, x)
-            times = []
-            for rep in range(reps + 1):
-                y = x
-                WORLD.Barrier()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    y = call(y)
-                jax.block_until_ready(y)
-                if rep:
-                    times.append(slowest((time.perf_counter() - start) / (iters * per_op(op))) * 1e6)
-            report("mpi4py + NumPy", op, nbytes, times)
+        x = jnp.ones(shape_of(op, nbytes), jnp.float32)
+        call = calls(op, x)
+        times = []
+        for rep in range(reps + 1):
+            y = x
+            WORLD.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                y = call(y)
+            jax.block_until_ready(y)
+            if rep:
+                times.append(slowest((time.perf_counter() - start) / (iters * per_op(op))) * 1e6)
+        report("mpi4py + NumPy", op, nbytes, times)
 
 
 def per_call_us(f, x, n=5000):
@@ -329,7 +353,7 @@ def run_memory(calls):
 
 RUNNERS = {
     "mpijax": run_mpijax,
-    "mpijax-check": lambda sizes, reps: run_mpijax(sizes, reps, check=True),
+    "mpijax-check": lambda cases, reps: run_mpijax(cases, reps, check=True),
     "mpi4jax": run_mpi4jax,
     "mpi4py": run_mpi4py,
     "jax": run_jax_native,
@@ -339,7 +363,8 @@ RUNNERS = {
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("impl", choices=[*RUNNERS, "dispatch", "memory"])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8], help="every operation at these sizes")
+    parser.add_argument("--serve", action="store_true", help="the cases named on standard input instead")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--calls", type=int, default=100_000)
     args = parser.parse_args()
@@ -348,7 +373,7 @@ def main():
     elif args.impl == "memory":
         run_memory(args.calls)
     else:
-        RUNNERS[args.impl](args.sizes, args.reps)
+        RUNNERS[args.impl](served() if args.serve else batch(args.sizes), args.reps)
     sys.stdout.flush()
 
 
