@@ -117,11 +117,20 @@ CudaMemory::View& CudaMemory::ViewOf(const xla::ffi::AnyBuffer& b, bool copy_in)
       std::find_if(views_.begin(), views_.end(), [&](const View& v) { return v.device == device; });
   if (found != views_.end()) return *found;
   View view{device, device, b.size_bytes(), false};
-  if (staged_ && view.bytes > 0 && error_.empty() &&
-      Check(TheArena().Take(view.bytes, &view.host), "allocating pinned host memory") && copy_in) {
-    Check(cudaMemcpyAsync(view.host, device, view.bytes, cudaMemcpyDeviceToHost, stream_),
-          "copying an input to the host");
-    Check(cudaStreamSynchronize(stream_), "copying an input to the host");
+  if (staged_ && view.bytes > 0) {
+    if (error_.empty() &&
+        Check(TheArena().Take(view.bytes, &view.host), "allocating pinned host memory") &&
+        copy_in) {
+      Check(cudaMemcpyAsync(view.host, device, view.bytes, cudaMemcpyDeviceToHost, stream_),
+            "copying an input to the host");
+      Check(cudaStreamSynchronize(stream_), "copying an input to the host");
+    }
+    if (!error_.empty()) {
+      // MPI must never see a device pointer here: after a CUDA error the call
+      // still runs (so that the other ranks do not wait for it), on scratch
+      // memory, and then reports the error.
+      view.host = scratch_.emplace_back(view.bytes).data();
+    }
   }
   views_.push_back(view);
   return views_.back();

@@ -57,6 +57,7 @@ class CudaMemory {
   bool staged_;
   std::unique_lock<std::mutex> arena_lock_;
   std::vector<View> views_;
+  std::vector<std::vector<char>> scratch_;  // host memory for views after a CUDA error
   std::string error_;
 };
 
