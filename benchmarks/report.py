@@ -57,8 +57,9 @@ each bound to a core, with one XLA thread per rank
   the same raw MPI 64 KiB ping-pong takes 13 µs or 37 µs depending on the minute, and 1–16 KiB
   collectives twice their usual time. So raw MPI, mpijax and mpi4jax run interleaved: each is a
   server under its own `mpirun`, asked for one case at a time in an order that rotates from case
-  to case (the idle ones sleep), and the three timings of a case are taken within seconds of
-  each other. mpi4py and JAX's collectives, far slower, run one after the other.
+  to case (the idle ones sleep), and the timings of a case are taken within seconds of each
+  other; so is mpijax in check mode, at the summary's sizes. mpi4py and JAX's collectives, far
+  slower, run one after the other.
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
   and JAX dispatch are not counted. Same-shape results feed the next iteration (in place where

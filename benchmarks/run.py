@@ -95,7 +95,8 @@ def interleaved(servers, sizes, results):
     cases = [(op, nbytes) for nbytes in sizes for op in OPS]
     for i, (op, nbytes) in enumerate(cases):
         for name in names[i % len(names) :] + names[: i % len(names)]:
-            record(ask(name, op, nbytes), results, "close")
+            if name != "check" or nbytes in MARKS:  # check mode: the summary's sizes only
+                record(ask(name, op, nbytes), results, "close")
     for name, server in servers.items():
         server.stdin.close()
         if server.wait():
@@ -122,18 +123,18 @@ def stages(sizes, reps, calls, gpu):
         ]
     return [
         *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpi4py", "jax"]],
-        ("check", 2, lambda: [*worker, "mpijax-check", "--reps", str(reps), "--sizes", *map(str, MARKS)]),
         ("dispatch", 1, lambda: [*worker, "dispatch"]),
         ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
     ]
 
 
 def servers(reps, have_mpi4jax):
-    """raw MPI, mpijax and mpi4jax (if installed) as servers of cases (interleaved)."""
+    """raw MPI, mpijax, mpijax in check mode and mpi4jax (if installed) as
+    servers of cases (interleaved)."""
     worker = [sys.executable, str(HERE / "worker.py")]
     commands = {"raw": [str(build("raw_mpi")), str(reps), "serve"]}
-    for impl in ["mpijax", "mpi4jax"] if have_mpi4jax else ["mpijax"]:
-        commands[impl] = [*worker, impl, "--reps", str(reps), "--serve"]
+    for impl in ["mpijax", "mpijax-check", "mpi4jax"] if have_mpi4jax else ["mpijax", "mpijax-check"]:
+        commands[impl.replace("mpijax-", "")] = [*worker, impl, "--reps", str(reps), "--serve"]
     return {name: mpirun(2, *command, serve=True) for name, command in commands.items()}
 
 
@@ -159,7 +160,8 @@ def main():
         minutes = previous["setup"]["minutes"]
     have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None
     if not args.gpu and (not args.only or "close" in args.only):
-        print("== close: raw MPI, mpijax" + (", mpi4jax" if have_mpi4jax else "") + ", interleaved", flush=True)
+        print("== close: raw MPI, mpijax (and in check mode)" + (", mpi4jax" if have_mpi4jax else "") + ", interleaved",
+              flush=True)  # fmt: skip
         interleaved(servers(reps, have_mpi4jax), sizes, results)
     for stage, ranks, command in stages(sizes, reps, calls, args.gpu):
         if args.only and stage not in args.only:
