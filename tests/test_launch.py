@@ -72,7 +72,8 @@ def test_exit_right_after_dispatching_send_and_recv(tmp_path):
         """,
     )
     assert result.returncode == 0, result.stderr
-    assert sorted(result.stdout.split()) == ["0", "1", "leaves", "leaves", "rank", "rank"]
+    # MPICH's hydra may join the ranks' lines ("rank 0 leavesrank 1 leaves")
+    assert sorted(re.findall(r"rank (\d) leaves", result.stdout)) == ["0", "1"], result.stdout
 
 
 @pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])
@@ -86,7 +87,8 @@ def test_debug_environment_variable(tmp_path, variable):
     result = mpirun(tmp_path, program, env={variable: "1"})
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
-        assert re.search(rf"^mpijax r{rank} \| allreduce \| 3 x float32 \| 12 B \| [\d.]+ us$", result.stderr, re.M)
+        # not anchored to line ends: MPICH's hydra may join the ranks' lines
+        assert re.search(rf"mpijax r{rank} \| allreduce \| 3 x float32 \| 12 B \| [\d.]+ us", result.stderr)
     quiet = mpirun(tmp_path, program, env={variable: "0"})
     assert "mpijax r" not in quiet.stderr
 
