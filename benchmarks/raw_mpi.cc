@@ -101,8 +101,10 @@ void TimeCase(const std::string& op, long bytes, int reps) {
   if (rank == 0) {
     std::printf(
         "{\"impl\": \"raw MPI (C++)\", \"op\": \"%s\", \"bytes\": %ld, \"min\": %.4f, "
-        "\"median\": %.4f, \"max\": %.4f}\n",
+        "\"median\": %.4f, \"max\": %.4f, \"times\": [",
         op.c_str(), bytes, times.front(), times[times.size() / 2], times.back());
+    for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
+    std::printf("]}\n");
     std::fflush(stdout);
   }
 }

@@ -42,11 +42,11 @@ OSU micro-benchmark style, on {setup["machine"]}, {setup["mpi"]}, Python {setup[
 each bound to a core, with one XLA thread per rank
 (`XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`).
 
-- Messages of float32, from 8 B to 64 MiB. For each operation and size: one warm-up
-  repetition, then {setup["reps"]} repetitions of `clip(256 MiB / size, 40, 10000)` operations between
-  barriers. A repetition's time is the slowest rank's; the tables give the median over
-  repetitions (min and max are in results.json). Times are microseconds per operation. For the
-  ping-pong, that is one way (half a round trip).
+- Messages of float32, from 8 B to 64 MiB. For each operation and size: {setup["reps"]} repetitions
+  of `clip(256 MiB / size, 40, 10000)` operations between barriers, each run of them after one
+  warm-up repetition. A repetition's time is the slowest rank's; the tables give the median over
+  repetitions (min, max and every repetition are in results.json). Times are microseconds per
+  operation. For the ping-pong, that is one way (half a round trip).
 - **raw MPI (C++)**: `benchmarks/raw_mpi.cc`, the same MPI calls from C++, built by CMake: the
   physical limit. Its data flows as in the JAX loops below (reductions in place, the ping-pong
   echoes what it received, sendrecv alternates two buffers), at `MPI_THREAD_MULTIPLE` like every
@@ -57,9 +57,11 @@ each bound to a core, with one XLA thread per rank
   the same raw MPI 64 KiB ping-pong takes 13 µs or 37 µs depending on the minute, and 1–16 KiB
   collectives twice their usual time. So raw MPI, mpijax and mpi4jax run interleaved: each is a
   server under its own `mpirun`, asked for one case at a time in an order that rotates from case
-  to case (the idle ones sleep), and the timings of a case are taken within seconds of each
-  other; so is mpijax in check mode, at the summary's sizes. mpi4py and JAX's collectives, far
-  slower, run one after the other.
+  to case (the idle ones sleep), so the timings of a case are taken within seconds of each
+  other; so is mpijax in check mode, at the summary's sizes. Even so, two runs of a case seconds
+  apart differ by up to a third from 1 MiB up, so every case comes round {setup.get("rounds", 1)} times,
+  minutes apart, with {setup["reps"] // setup.get("rounds", 1)} repetitions each, and the medians are over all of them.
+  mpi4py and JAX's collectives, far slower, run one after the other.
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
   and JAX dispatch are not counted. Same-shape results feed the next iteration (in place where

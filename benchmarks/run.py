@@ -16,6 +16,7 @@ import os
 import pathlib
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -55,30 +56,34 @@ def mpirun(n, *command, serve=False):
                             text=True)  # fmt: skip
 
 
-def record(line, results, stage):
-    """Keep one JSON line, with a line of progress."""
-    entry = json.loads(line) | {"stage": stage}
-    results.append(entry)
+def progress(entry):
+    size = human(entry["bytes"])
+    print(f"  {entry['impl'][:16]:16s} {entry['op']:10s} {size:>7s}  {entry['median']:12.2f} us", flush=True)
+
+
+def record(entry, results, stage):
+    """Keep one result, with a line of progress."""
+    results.append(entry | {"stage": stage})
     if "op" in entry:
-        size = human(entry["bytes"])
-        print(f"  {entry['impl'][:16]:16s} {entry['op']:10s} {size:>7s}  {entry['median']:12.2f} us", flush=True)
+        progress(entry)
 
 
 def collect(process, results, stage):
     """Read JSON lines as they come."""
     for line in process.stdout:
         if line.startswith("{"):
-            record(line, results, stage)
+            record(json.loads(line), results, stage)
     if process.wait():
         raise SystemExit(f"{stage} failed (exit code {process.returncode})")
 
 
-def interleaved(servers, sizes, results):
+def interleaved(servers, sizes, rounds, results):
     """The closest competitors case by case: each is a server under its own
     mpirun (`--serve`), asked for one case at a time, in an order that rotates
     from case to case. This machine has slow phases that last minutes (the
     same raw MPI ping-pong takes 13 us or 37 us depending on the minute);
-    stage by stage, one could fall on one implementation and not another."""
+    stage by stage, one could fall on one implementation and not another.
+    Every case comes round `rounds` times, and its repetitions are pooled."""
 
     def ask(name, op, nbytes):
         server = servers[name]
@@ -87,16 +92,28 @@ def interleaved(servers, sizes, results):
         line = next((line for line in server.stdout if line.startswith("{")), None)
         if line is None:
             raise SystemExit(f"{name} ended before answering {op} {nbytes} (exit code {server.wait()})")
-        return line
+        return json.loads(line)
 
     names = list(servers)
     for name in names:  # a first call pays for setting MPI up: not a case
         ask(name, OPS[0], 8)
     cases = [(op, nbytes) for nbytes in sizes for op in OPS]
-    for i, (op, nbytes) in enumerate(cases):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            if name != "check" or nbytes in MARKS:  # check mode: the summary's sizes only
-                record(ask(name, op, nbytes), results, "close")
+    pooled = {}
+    for lap in range(rounds):
+        print(f"== round {lap + 1} of {rounds}", flush=True)
+        for i, (op, nbytes) in enumerate(cases):
+            turn = (i + lap) % len(names)
+            for name in names[turn:] + names[:turn]:
+                if name != "check" or nbytes in MARKS:  # check mode: the summary's sizes only
+                    answer = ask(name, op, nbytes)
+                    times = pooled.setdefault((name, op, nbytes), [])
+                    times += answer["times"]
+                    if lap < rounds - 1:
+                        progress(answer)
+                    else:
+                        times.sort()
+                        pool = dict(min=times[0], median=statistics.median(times), max=times[-1], times=times)
+                        record(answer | pool, results, "close")
     for name, server in servers.items():
         server.stdin.close()
         if server.wait():
@@ -148,7 +165,7 @@ def main():
     args = parser.parse_args()
     args.output = args.output or ROOT / "docs" / "benchmarks" / ("gpu" if args.gpu else "")
     sizes = GPU_SIZES if args.gpu else list(MARKS) if args.quick else [2**k for k in range(3, 27)]
-    reps = 2 if args.quick else 5
+    reps, rounds = (2, 1) if args.quick else (3, 3)
     calls = 10_000 if args.quick else 100_000
     started = time.time()
 
@@ -162,8 +179,8 @@ def main():
     if not args.gpu and (not args.only or "close" in args.only):
         print("== close: raw MPI, mpijax (and in check mode)" + (", mpi4jax" if have_mpi4jax else "") + ", interleaved",
               flush=True)  # fmt: skip
-        interleaved(servers(reps, have_mpi4jax), sizes, results)
-    for stage, ranks, command in stages(sizes, reps, calls, args.gpu):
+        interleaved(servers(reps, have_mpi4jax), sizes, rounds, results)
+    for stage, ranks, command in stages(sizes, reps * rounds, calls, args.gpu):
         if args.only and stage not in args.only:
             continue
         if stage in ("mpi4jax", "dispatch") and not have_mpi4jax:
@@ -180,7 +197,8 @@ def main():
         "python": platform.python_version(),
         "quick": args.quick,
         "gpu": args.gpu,
-        "reps": reps,
+        "reps": reps * rounds,  # timed repetitions per case, over all rounds
+        "rounds": rounds,
         "minutes": round(minutes + (time.time() - started) / 60, 1),
     }
     saved.write_text(json.dumps({"setup": setup, "results": results}, indent=1))
