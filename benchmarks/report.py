@@ -34,6 +34,14 @@ def _ratio(a, b):
     return f"{a['median'] / b['median']:.2f}" if a and b and b["median"] > 0 else "—"
 
 
+def _rounds(setup):
+    rounds = setup.get("rounds", 1)
+    if rounds == 1:
+        return "a full run has every case come round several times (this one, once)."
+    return (f"every case comes round {rounds} times, minutes apart, with {setup['reps'] // rounds} "
+            "repetitions each, and the medians are over all of them.")  # fmt: skip
+
+
 def _method(setup):
     return f"""## Method
 
@@ -59,8 +67,7 @@ each bound to a core, with one XLA thread per rank
   server under its own `mpirun`, asked for one case at a time in an order that rotates from case
   to case (the idle ones sleep), so the timings of a case are taken within seconds of each
   other; so is mpijax in check mode, at the summary's sizes. Even so, two runs of a case seconds
-  apart differ by up to a third from 1 MiB up, so every case comes round {setup.get("rounds", 1)} times,
-  minutes apart, with {setup["reps"] // setup.get("rounds", 1)} repetitions each, and the medians are over all of them.
+  apart differ by up to a third from 1 MiB up, so {_rounds(setup)}
   mpi4py and JAX's collectives, far slower, run one after the other.
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
@@ -93,6 +100,20 @@ def _summary(table, impls):
             ratios = [_ratio(mine, raw)] + [_ratio(mine, table[p].get((op, nbytes))) for p in peers]
             lines.append("| " + " | ".join([op, label, *map(_cell, cells), *ratios]) + " |")
     return "\n".join(lines)
+
+
+READING = """How to read the misses. At 8 B, mpijax's gap to raw MPI is the fixed cost of one XLA custom
+call around the same MPI call, and it is smaller than mpi4jax's for every operation. From 1 MiB
+up, the machine moves the ratios more than any binding does. First, its slow phases: a case's
+repetitions fall into groups, one per round, that can differ several-fold (every repetition is
+in results.json). Second, how the buffer's memory is mapped. `benchmarks/buffer_memory.py`
+times the same 16 MiB `MPI_Bcast` in one process: 1.2 ms from a NumPy array, which NumPy backs
+with transparent huge pages, and 2.5 ms from plain 4 KiB pages, which is what XLA's buffers and
+the C++ `std::vector` get (Open MPI 4.1, single-copy CMA, on 2026-11-23). mpijax makes one MPI
+call per operation, in place on XLA's buffer: the compiled loop body has no copy. So its
+large-message gaps to raw MPI, which go both ways from run to run, are not work that mpijax
+adds. mpi4jax makes the same calls from the same XLA loops and scatters the same way, except
+where it copies (allreduce and bcast results are not written in place), where it is slower."""
 
 
 def _targets(table):
@@ -219,6 +240,8 @@ Re-run it to reproduce; `results.json` has every number.
 ## Targets
 
 {_targets(table)}
+
+{READING}
 
 {_extras(results)}
 {_check_mode(table)}## All sizes
