@@ -1,8 +1,8 @@
 // The bound of mpijax's staged GPU path: what one operation costs at least
 // when its data goes from the device to pinned host memory and back, on one
 // stream, as the staged handlers copy it (MPI itself not counted). Prints one
-// JSON line per size, like raw_mpi: microseconds, min/median/max over
-// repetitions of iters(size) round trips.
+// JSON line per size, like raw_mpi: the microseconds of one round trip in
+// each repetition of iters(size).
 //   copy_bound REPS SIZE [SIZE...]   (sizes in bytes)
 #include <cuda_runtime_api.h>
 
@@ -46,12 +46,12 @@ int main(int argc, char** argv) {
           std::chrono::steady_clock::now() - start;
       if (r > 0) times.push_back(elapsed.count() / iters);  // repetition 0 warms up
     }
-    std::sort(times.begin(), times.end());
     std::printf(
-        "{\"impl\": \"device-host-device copy (C++)\", \"op\": \"copy\", \"bytes\": %zu, \"min\": "
-        "%.4f, "
-        "\"median\": %.4f, \"max\": %.4f}\n",
-        bytes, times.front(), times[times.size() / 2], times.back());
+        "{\"impl\": \"device-host-device copy (C++)\", \"op\": \"copy\", \"bytes\": %zu, "
+        "\"times\": [",
+        bytes);
+    for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
+    std::printf("]}\n");
     std::fflush(stdout);
     Check(cudaFree(device));
     Check(cudaFreeHost(host));

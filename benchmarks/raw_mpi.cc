@@ -2,8 +2,8 @@
 // limit that the JAX bindings are compared with. For each operation and size:
 // one warm-up repetition, then `reps` repetitions of `iters(size)` calls
 // between barriers; a repetition's time is the slowest rank's. Prints one JSON
-// line per case on rank 0: microseconds per operation, min/median/max over
-// repetitions.
+// line per case on rank 0: each repetition's microseconds per operation
+// (run.py summarises them).
 //
 // The data flows as in the JAX loops of worker.py, since that costs time of
 // its own: a buffer that one rank has just written is slower for the other to
@@ -97,12 +97,9 @@ void TimeCase(const std::string& op, long bytes, int reps) {
     MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (r > 0) times.push_back(slowest * 1e6);  // repetition 0 warms up
   }
-  std::sort(times.begin(), times.end());
   if (rank == 0) {
-    std::printf(
-        "{\"impl\": \"raw MPI (C++)\", \"op\": \"%s\", \"bytes\": %ld, \"min\": %.4f, "
-        "\"median\": %.4f, \"max\": %.4f, \"times\": [",
-        op.c_str(), bytes, times.front(), times[times.size() / 2], times.back());
+    std::printf("{\"impl\": \"raw MPI (C++)\", \"op\": \"%s\", \"bytes\": %ld, \"times\": [",
+                op.c_str(), bytes);
     for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
     std::printf("]}\n");
     std::fflush(stdout);

@@ -56,16 +56,19 @@ def mpirun(n, *command, serve=False):
                             text=True)  # fmt: skip
 
 
-def progress(entry):
+def summary(entry):
+    """A case with its repetitions' min, median and max (every timer prints
+    only its repetitions), and a line of progress."""
+    times = sorted(entry["times"])
+    entry = entry | dict(min=times[0], median=statistics.median(times), max=times[-1], times=times)
     size = human(entry["bytes"])
     print(f"  {entry['impl'][:16]:16s} {entry['op']:10s} {size:>7s}  {entry['median']:12.2f} us", flush=True)
+    return entry
 
 
 def record(entry, results, stage):
-    """Keep one result, with a line of progress."""
-    results.append(entry | {"stage": stage})
-    if "op" in entry:
-        progress(entry)
+    """Keep one result."""
+    results.append((summary(entry) if "op" in entry else entry) | {"stage": stage})
 
 
 def collect(process, results, stage):
@@ -109,11 +112,9 @@ def interleaved(servers, sizes, rounds, results):
                     times = pooled.setdefault((name, op, nbytes), [])
                     times += answer["times"]
                     if lap < rounds - 1:
-                        progress(answer)
+                        summary(answer)
                     else:
-                        times.sort()
-                        pool = dict(min=times[0], median=statistics.median(times), max=times[-1], times=times)
-                        record(answer | pool, results, "close")
+                        record(answer | {"times": times}, results, "close")
     for name, server in servers.items():
         server.stdin.close()
         if server.wait():

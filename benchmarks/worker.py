@@ -13,7 +13,6 @@ Rank 0 prints one JSON line per case: microseconds per operation.
 import argparse
 import json
 import resource
-import statistics
 import sys
 import time
 
@@ -44,10 +43,7 @@ def shape_of(op, nbytes):
 
 def report(impl, op, nbytes, times):
     if RANK == 0:
-        times = sorted(times)
-        line = dict(impl=impl, op=op, bytes=nbytes, min=times[0], median=statistics.median(times), max=times[-1],
-                    times=times)  # fmt: skip
-        print(json.dumps(line), flush=True)
+        print(json.dumps(dict(impl=impl, op=op, bytes=nbytes, times=times)), flush=True)
 
 
 def slowest(seconds):
