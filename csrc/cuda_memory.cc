@@ -111,20 +111,15 @@ bool CudaMemory::Check(cudaError_t status, const char* what) {
   return false;
 }
 
-CudaMemory::View& CudaMemory::ViewOf(const xla::ffi::AnyBuffer& b, bool copy_in) {
+CudaMemory::View& CudaMemory::ViewOf(const xla::ffi::AnyBuffer& b) {
   void* device = b.untyped_data();
   auto found =
       std::find_if(views_.begin(), views_.end(), [&](const View& v) { return v.device == device; });
   if (found != views_.end()) return *found;
-  View view{device, device, b.size_bytes(), false};
+  View view{device, device, b.size_bytes(), false, !staged_};
   if (staged_ && view.bytes > 0) {
-    if (error_.empty() &&
-        Check(TheArena().Take(view.bytes, &view.host), "allocating pinned host memory") &&
-        copy_in) {
-      Check(cudaMemcpyAsync(view.host, device, view.bytes, cudaMemcpyDeviceToHost, stream_),
-            "copying an input to the host");
-      Check(cudaStreamSynchronize(stream_), "copying an input to the host");
-    }
+    if (error_.empty())
+      Check(TheArena().Take(view.bytes, &view.host), "allocating pinned host memory");
     if (!error_.empty()) {
       // MPI must never see a device pointer here: after a CUDA error the call
       // still runs (so that the other ranks do not wait for it), on scratch
@@ -136,10 +131,22 @@ CudaMemory::View& CudaMemory::ViewOf(const xla::ffi::AnyBuffer& b, bool copy_in)
   return views_.back();
 }
 
-void* CudaMemory::In(const xla::ffi::AnyBuffer& b) { return ViewOf(b, true).host; }
+// The input is copied when it is first asked for as an input, so an in-place
+// call may take its views in either order (f(m.In(x), m.Out(y)) evaluates its
+// arguments in an unspecified order); every view is taken before MPI writes.
+void* CudaMemory::In(const xla::ffi::AnyBuffer& b) {
+  View& view = ViewOf(b);
+  if (!view.loaded && view.bytes > 0 && error_.empty() &&
+      Check(cudaMemcpyAsync(view.host, view.device, view.bytes, cudaMemcpyDeviceToHost, stream_),
+            "copying an input to the host")) {
+    Check(cudaStreamSynchronize(stream_), "copying an input to the host");
+  }
+  view.loaded = true;
+  return view.host;
+}
 
 void* CudaMemory::Out(xla::ffi::AnyBuffer& b) {
-  View& view = ViewOf(b, false);
+  View& view = ViewOf(b);
   view.output = true;
   return view.host;
 }

@@ -49,8 +49,9 @@ class CudaMemory {
     void* host;
     size_t bytes;
     bool output;
+    bool loaded;  // the host copy holds the input
   };
-  View& ViewOf(const xla::ffi::AnyBuffer& b, bool copy_in);
+  View& ViewOf(const xla::ffi::AnyBuffer& b);
   bool Check(cudaError_t status, const char* what);
 
   cudaStream_t stream_;

@@ -1,0 +1,167 @@
+// The CUDA memory policy's logic, against the stand-in runtime of
+// fake_cudart.h: what is copied which way, when the arena is reused, what MPI
+// is shown after a CUDA error. Whether real copies order correctly on XLA's
+// stream is for tests/test_gpu.py on a GPU.
+#include "cuda_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "fake_cudart.h"
+
+namespace mpijax {
+namespace {
+
+cudaStream_t Stream() {
+  static int stream;
+  return reinterpret_cast<cudaStream_t>(&stream);
+}
+
+// A float32 "device" buffer of n elements, 0, 1, 2, ... + first.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(int64_t n, float first = 0) : dims_{n}, data_(n) {
+    std::iota(data_.begin(), data_.end(), first);
+    raw_ = {
+        XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_F32, data_.data(), 1, dims_.data()};
+  }
+  xla::ffi::AnyBuffer buffer() { return xla::ffi::AnyBuffer(&raw_); }
+  std::vector<float>& data() { return data_; }
+
+ private:
+  std::vector<int64_t> dims_;
+  std::vector<float> data_;
+  XLA_FFI_Buffer raw_;
+};
+
+const float* Floats(const void* view) { return static_cast<const float*>(view); }
+
+class CudaMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetCudaAware(false);
+    fake_cudart::Reset();
+  }
+  void TearDown() override { SetCudaAware(false); }
+};
+
+// f(m.In(x), m.Out(y)) evaluates its arguments in either order: an in-place
+// call must see its input whichever view it takes first.
+TEST_F(CudaMemoryTest, InPlaceViewsInEitherOrder) {
+  for (bool out_first : {false, true}) {
+    DeviceBuffer x(5, 10);
+    auto buffer = x.buffer();
+    CudaMemory m(Stream(), false);
+    void* out = out_first ? m.Out(buffer) : nullptr;
+    void* in = m.In(buffer);
+    if (!out_first) out = m.Out(buffer);
+    ASSERT_EQ(in, out);
+    ASSERT_NE(in, x.data().data()) << "staged: MPI must see host memory";
+    EXPECT_EQ(std::vector<float>(Floats(in), Floats(in) + 5),
+              (std::vector<float>{10, 11, 12, 13, 14}))
+        << "out_first=" << out_first;
+    static_cast<float*>(out)[0] = -1;
+    m.Finish();
+    EXPECT_EQ(m.error(), "");
+    EXPECT_EQ(x.data()[0], -1) << "the output goes back to the device";
+  }
+}
+
+TEST_F(CudaMemoryTest, InputsCopiedInOnceOutputsCopiedBack) {
+  DeviceBuffer x(4), y(8, 100);
+  auto xb = x.buffer(), yb = y.buffer();
+  CudaMemory m(Stream(), false);
+  const void* in = m.In(xb);
+  EXPECT_EQ(m.In(xb), in) << "the same buffer gives the same view";
+  auto* out = static_cast<float*>(m.Out(yb));
+  EXPECT_EQ(fake_cudart::counts().to_host, 1) << "an output is not copied in";
+  for (int i = 0; i < 8; ++i) out[i] = Floats(in)[i % 4] * 2;
+  m.Finish();
+  EXPECT_EQ(fake_cudart::counts().to_device, 1) << "only the output goes back";
+  EXPECT_EQ(y.data(), (std::vector<float>{0, 2, 4, 6, 0, 2, 4, 6}));
+  EXPECT_EQ(x.data(), (std::vector<float>{0, 1, 2, 3}));
+}
+
+TEST_F(CudaMemoryTest, ArenaReusedAcrossCallsAndGrownOnDemand) {
+  DeviceBuffer small(1000), big(100000);
+  auto sb = small.buffer(), bb = big.buffer();
+  // One call reading `in` and writing `out`; the pinned memory MPI saw.
+  const auto call = [](xla::ffi::AnyBuffer& in, xla::ffi::AnyBuffer& out) {
+    CudaMemory m(Stream(), false);
+    void* seen = m.In(in);
+    m.Out(out);
+    m.Finish();
+    return seen;
+  };
+  call(sb, sb);  // whatever earlier tests left, the arena now fits this call
+  call(sb, sb);
+  fake_cudart::Reset();
+  void* first = call(sb, sb);
+  EXPECT_EQ(call(sb, sb), first) << "the next call reuses the pinned memory";
+  EXPECT_EQ(fake_cudart::counts().pinned_allocs, 0);
+  EXPECT_EQ(fake_cudart::counts().event_waits, 2) << "each after the previous call's copies back";
+
+  call(sb, bb);  // outgrows the arena: a further block
+  EXPECT_EQ(fake_cudart::counts().pinned_allocs, 1);
+  fake_cudart::Reset();
+  for (int i = 0; i < 3; ++i) call(sb, bb);
+  // The next call makes the blocks one, which then fits every call.
+  EXPECT_EQ(fake_cudart::counts().pinned_allocs, 1);
+  EXPECT_EQ(fake_cudart::counts().pinned_frees, 2);
+}
+
+TEST_F(CudaMemoryTest, CudaAwareShowsDeviceMemoryUnlessTheCallNeedsTheHost) {
+  SetCudaAware(true);
+  DeviceBuffer x(3);
+  auto xb = x.buffer();
+  {
+    CudaMemory m(Stream(), false);
+    EXPECT_EQ(m.In(xb), x.data().data());
+    m.Finish();
+  }
+  EXPECT_EQ(fake_cudart::counts().to_host + fake_cudart::counts().to_device, 0);
+  EXPECT_EQ(fake_cudart::counts().stream_syncs, 1) << "XLA's stream, before MPI reads";
+  {
+    CudaMemory m(Stream(), true);
+    EXPECT_NE(m.In(xb), x.data().data()) << "host access: staged";
+    m.Finish();
+  }
+}
+
+TEST_F(CudaMemoryTest, AfterACudaErrorMpiSeesHostScratchAndNothingGoesBack) {
+  DeviceBuffer x(6, 1);
+  auto xb = x.buffer();
+  fake_cudart::FailNextPinnedAlloc();
+  {
+    // A fresh, larger buffer than any before, so that the arena must grow.
+    DeviceBuffer huge(1 << 22);
+    auto hb = huge.buffer();
+    CudaMemory m(Stream(), false);
+    void* view = m.Out(hb);
+    EXPECT_NE(view, huge.data().data());
+    EXPECT_NE(m.error().find("allocating pinned host memory: out of memory"), std::string::npos)
+        << m.error();
+    EXPECT_NE(m.In(xb), x.data().data()) << "every later view is scratch too";
+    static_cast<float*>(view)[0] = -1;
+    m.Finish();
+    EXPECT_EQ(huge.data()[0], 0) << "nothing is copied back after an error";
+  }
+  EXPECT_EQ(fake_cudart::counts().to_device, 0);
+}
+
+TEST_F(CudaMemoryTest, EmptyBuffersMoveNothing) {
+  DeviceBuffer empty(0);
+  auto eb = empty.buffer();
+  CudaMemory m(Stream(), false);
+  m.In(eb);
+  m.Out(eb);
+  m.Finish();
+  EXPECT_EQ(m.error(), "");
+  EXPECT_EQ(fake_cudart::counts().to_host + fake_cudart::counts().to_device, 0);
+}
+
+}  // namespace
+}  // namespace mpijax
