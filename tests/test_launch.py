@@ -17,6 +17,8 @@ from reference import SIZE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")
+# More ranks than cores: Open MPI 4 reads the first, Open MPI 5 (PRRTE) the second.
+OVERSUBSCRIBE = {"OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
 
 pytestmark = [
     pytest.mark.launcher,
@@ -31,7 +33,7 @@ def mpirun(tmp_path, source, n=2, env=None, timeout=120):
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source))
     clean = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
-    clean.update({"OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})})  # Open MPI: more ranks than cores
+    clean.update(OVERSUBSCRIBE | (env or {}))
     launcher = os.environ.get("MPIJAX_MPIRUN") or shutil.which("mpirun")  # MPICH: mpirun.mpich
     command = [launcher, "-n", str(n), sys.executable, str(script)]
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
