@@ -1,6 +1,7 @@
 """Inputs for every rank, computed identically on every rank, so that each
 test can build its NumPy reference from all ranks' data without communicating."""
 
+import os
 import zlib
 
 import jax
@@ -21,6 +22,15 @@ SHAPES = [(), (0,), (5,), (4, 2)]  # scalar, empty, odd, even (2-d)
 BIG = 8 * 2**20  # bytes: far above any eager (rendezvous) limit
 
 MODES = {"eager": lambda f: f, "jit": jax.jit}
+
+# What mpirun gives its ranks; a process started without it is a job of its own.
+LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")
+
+
+def fresh_job_env():
+    """This process's environment minus mpirun's variables (root's
+    permission to run Open MPI stays)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
 
 
 def np_dtype(name):

@@ -4,6 +4,9 @@ suite checks against NumPy and finite differences), staged through pinned host
 memory and, where the MPI library moves device memory, CUDA-aware. Run by
 scripts/gpu_check.sh at 2 ranks sharing one GPU; skipped where JAX sees none."""
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +16,7 @@ from mpi4py import MPI
 import mpijax
 from mpijax._src.runtime import core
 
-from reference import BIG, DTYPES, MODES, RANK, SIZE, all_data, assert_equal
+from reference import BIG, DTYPES, MODES, RANK, SIZE, all_data, assert_equal, fresh_job_env
 from test_autodiff import CASES, VMAPPABLE, cotangents, inputs
 
 GPUS = [d for d in jax.devices() if d.platform == "gpu"]
@@ -52,6 +55,21 @@ def same_on_gpu_and_cpu(f, *args, atol=0.0):
 
 def test_the_build_has_cuda_handlers():
     assert mpijax.has_cuda_support()
+
+
+def test_bind_local_gpu_before_jax_starts():
+    """In a job of its own (one rank), the helper binds the node's first GPU,
+    JAX then sees that one alone, and an allreduce runs on it."""
+    code = (
+        "import mpijax; gpu = mpijax.bind_local_gpu(); import jax, jax.numpy as jnp; from mpi4py import MPI; "
+        "x = mpijax.allreduce(jnp.arange(3.0), MPI.SUM); print(gpu, len(jax.devices()), x.devices(), x.tolist())"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=fresh_job_env(), capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    gpu, devices, placed, values = result.stdout.strip().splitlines()[-1].split(" ", 3)
+    assert (gpu, devices, values) == ("0", "1", "[0.0, 1.0, 2.0]")
+    assert "cuda" in placed.lower() or "gpu" in placed.lower(), placed
 
 
 @pytest.mark.parametrize("mode", MODES)

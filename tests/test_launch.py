@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-from reference import SIZE
+from reference import SIZE, fresh_job_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")
 # More ranks than cores: Open MPI 4 reads the first, Open MPI 5 (PRRTE) the second.
 OVERSUBSCRIBE = {"OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
 
@@ -32,7 +31,7 @@ pytestmark = [
 def mpirun(tmp_path, source, n=2, env=None, timeout=120):
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source))
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    clean = fresh_job_env()
     clean.update(OVERSUBSCRIBE | (env or {}))
     launcher = os.environ.get("MPIJAX_MPIRUN") or shutil.which("mpirun")  # MPICH: mpirun.mpich
     command = [launcher, "-n", str(n), sys.executable, str(script)]
@@ -141,7 +140,7 @@ def test_import_check_with_mpi4py_built_on_another_mpi(tmp_path):
     both library files, not a crash or a binary-layout error."""
     other = pathlib.Path(os.environ["MPIJAX_OTHER_MPI4PY"]) / "mpi4py"
     (tmp_path / "mpi4py").symlink_to(other)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    env = fresh_job_env()
     env["PYTHONPATH"] = str(tmp_path)
     code = "import mpi4py, mpijax._src.runtime as r; print(mpi4py.__file__)"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -158,7 +157,7 @@ def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
     mode is refused at import with the reason; a CPU-only build ignores it."""
     from mpijax._src import runtime
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    env = fresh_job_env()
     env[variable] = "1"
     code = "import mpijax; print(mpijax._src.runtime.core.cuda_aware() if mpijax.has_cuda_support() else 'cpu')"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
