@@ -59,7 +59,7 @@ mpicc=$(command -v mpicc || find "$prefix" -path '*/bin/mpicc' 2>/dev/null | hea
 export PATH="$(dirname "$mpicc"):$PATH"
 echo "== machine (steps: ${steps[*]})"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-"$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version | tail -n 1
+"$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version | grep release
 "$python" -c "import jax, mpi4py; print('jax', jax.__version__, jax.devices()); print('mpi4py', mpi4py.__version__)"
 mpirun --version 2>&1 | head -n 1
 
