@@ -25,11 +25,9 @@ steps=("${@:2}")
 ((${#steps[@]})) || steps=(build test bench)
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu-check.log") 2>&1
+source scripts/mpienv.sh  # what mpirun needs here (root, more ranks than cores)
 python=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-if [ "$(id -u)" -eq 0 ]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
 # Two ranks on one GPU: each takes a share of its memory, not JAX's 75 %.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.4}
 wants() { [[ " ${steps[*]} " == *" $1 "* ]]; }
@@ -37,16 +35,16 @@ purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])";
 
 # Packages go to the Python's own environment or, where that is read-only (an
 # image's), to a virtual environment on top of it, which later steps use too.
-venv=build/gpu-venv
+gpu_venv=build/gpu-venv
 pip=("$python" -m pip)
-if [ ! -x "$venv/bin/python" ] && wants build && [ -n "${MPIJAX_WHEELS:-}" ] && [ ! -w "$(purelib "$python")" ]; then
-  echo "== $(purelib "$python") is read-only: packages go to $venv, on top of it"
-  "$python" -m venv --without-pip "$venv" || exit 1
-  purelib "$python" >"$(purelib "$venv/bin/python")/base.pth"
+if [ ! -x "$gpu_venv/bin/python" ] && wants build && [ -n "${MPIJAX_WHEELS:-}" ] && [ ! -w "$(purelib "$python")" ]; then
+  echo "== $(purelib "$python") is read-only: packages go to $gpu_venv, on top of it"
+  "$python" -m venv --without-pip "$gpu_venv" || exit 1
+  purelib "$python" >"$(purelib "$gpu_venv/bin/python")/base.pth"
 fi
-if [ -x "$venv/bin/python" ]; then
-  pip=("$python" -m pip --python "$venv/bin/python")
-  python=$venv/bin/python
+if [ -x "$gpu_venv/bin/python" ]; then
+  pip=("$python" -m pip --python "$gpu_venv/bin/python")
+  python=$gpu_venv/bin/python
 fi
 if wants build && [ -n "${MPIJAX_WHEELS:-}" ]; then
   echo "== installing the wheels in $MPIJAX_WHEELS"

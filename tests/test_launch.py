@@ -31,8 +31,7 @@ pytestmark = [
 def mpirun(tmp_path, source, n=2, env=None, timeout=120):
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source))
-    clean = fresh_job_env()
-    clean.update(OVERSUBSCRIBE | (env or {}))
+    clean = fresh_job_env() | OVERSUBSCRIBE | (env or {})
     launcher = os.environ.get("MPIJAX_MPIRUN") or shutil.which("mpirun")  # MPICH: mpirun.mpich
     command = [launcher, "-n", str(n), sys.executable, str(script)]
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
