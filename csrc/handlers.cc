@@ -250,11 +250,16 @@ void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
 }
 
-// Makes `out` hold `in`: a no-op where XLA aliased them, as it does for
-// every op that returns its input.
+// Where this rank's output is x unchanged: the view of y, holding x. XLA
+// aliases them for every op that returns its input, and then this is x's own
+// view, which is not an output: a staged call copies nothing back.
 template <class Memory>
-void CopyIfDistinct(Memory& m, const void* in, void* out, size_t bytes) {
-  if (in != out) m.Copy(out, in, bytes);
+void* Unchanged(Memory& m, const ffi::AnyBuffer& x, ffi::AnyBuffer& y) {
+  void* in = m.In(x);
+  if (y.untyped_data() == x.untyped_data()) return in;
+  void* out = m.Out(y);
+  m.Copy(out, in, x.size_bytes());
+  return out;
 }
 
 // out = in + what `receive(buffer)` puts into a host buffer shaped like x
@@ -291,8 +296,7 @@ ffi::Error Reduce(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Ou
   const auto copies = [&](const Comm& c) { return mpi::ReduceCopiesInput(c.rank, info.root); };
   return Run<Memory>(ctx, info, comm, copies, [&](const Comm& c, Memory& m) {
     void* in = m.In(x);
-    void* out = m.Out(*y);
-    if (c.rank != info.root) CopyIfDistinct(m, in, out, x.size_bytes());
+    void* out = c.rank == info.root ? m.Out(*y) : Unchanged(m, x, *y);
     return mpi::Reduce(in, out, x.element_count(), TypeOf(x), OpOf(op, x), info.root, c.handle);
   });
 }
@@ -330,12 +334,7 @@ ffi::Error Bcast(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out
     const auto bcast = [&](void* buf) {
       return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle);
     };
-    if (c.rank == info.root) {
-      void* in = m.In(x);
-      void* out = m.Out(*y);
-      CopyIfDistinct(m, in, out, x.size_bytes());
-      return bcast(out);
-    }
+    if (c.rank == info.root) return bcast(Unchanged(m, x, *y));
     if (!accumulate) return bcast(m.Out(*y));
     void* in = m.In(x);
     return ReceiveAndAdd(x, in, m.Out(*y), bcast);
@@ -350,15 +349,10 @@ ffi::Error Gather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Ou
   CallInfo info = Describe("gather", x);
   info.root = static_cast<int>(root);
   return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    const bool keeps_x = c.rank != info.root && identity;
     void* in = m.In(x);
-    void* out = m.Out(*y);
-    if (c.rank != info.root) {
-      if (identity) {
-        CopyIfDistinct(m, in, out, x.size_bytes());
-      } else {
-        m.Zero(out, y->size_bytes());
-      }
-    }
+    void* out = keeps_x ? Unchanged(m, x, *y) : m.Out(*y);
+    if (c.rank != info.root && !identity) m.Zero(out, y->size_bytes());
     return mpi::Gather(in, out, x.element_count(), TypeOf(x), info.root, c.handle);
   });
 }
