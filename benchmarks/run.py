@@ -123,6 +123,22 @@ def interleaved(servers, sizes, rounds, results):
             raise SystemExit(f"{name} failed (exit code {server.returncode})")
 
 
+def mps_running():
+    """Whether an MPS daemon shares the GPU between the ranks."""
+    for comm in pathlib.Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().startswith("nvidia-cuda-mps"):
+                return True
+        except OSError:  # the process ended
+            pass
+    return False
+
+
+def gpu_name():
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    return subprocess.run(query, capture_output=True, text=True).stdout.splitlines()[0]
+
+
 def build(program):
     """benchmarks/<program>.cc, built by CMake (copy_bound only with the CUDA toolkit)."""
     folder = ROOT / "build" / "benchmarks"
@@ -201,6 +217,8 @@ def main():
         "python": platform.python_version(),
         "quick": args.quick,
         "gpu": args.gpu,
+        "mps": args.gpu and mps_running(),
+        **({"gpu_name": gpu_name()} if args.gpu else {}),
         "reps": reps * rounds,  # timed repetitions per case, over all rounds
         "rounds": rounds,
         "minutes": round(minutes + (time.time() - started) / 60, 1),

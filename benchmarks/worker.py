@@ -158,6 +158,8 @@ def served():
 
 def time_jax_loops(impl, bodies, wrap, make_input, cases, reps, fewer=1):
     compiled = {}  # a server is asked for each case once per round: compile once
+    if jax.default_backend() == "gpu":
+        fewer *= 10  # a GPU operation takes tens of microseconds or more, a CPU one about one
     for op, nbytes in cases:
         iters = max(iterations(nbytes) // fewer, 10)
         x = make_input(op, nbytes)
