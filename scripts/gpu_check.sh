@@ -73,10 +73,19 @@ if wants build; then
 fi
 "$python" -c "import mpijax; assert mpijax.has_cuda_support(); print('has_cuda_support:', True)" || exit 1
 
+# Two ranks on one GPU take turns on it unless an MPS daemon serves them both,
+# and each switch costs over a hundred microseconds (docs/gpu.md): start one
+# for this run where none is running (MPIJAX_MPS=0: not).
+if { wants test || wants bench; } && [ "${MPIJAX_MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null \
+  && nvidia-cuda-mps-control -d; then
+  echo "== started an MPS daemon for this run"
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+fi
+
 failed=0
 if wants test; then
   echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
-  timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 tests/test_gpu.py \
+  timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs tests/test_gpu.py \
     || failed=1
 fi
 if wants bench; then
