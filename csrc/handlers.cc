@@ -349,10 +349,10 @@ ffi::Error Gather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Ou
   CallInfo info = Describe("gather", x);
   info.root = static_cast<int>(root);
   return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
-    const bool keeps_x = c.rank != info.root && identity;
+    const bool off_root = c.rank != info.root;
     void* in = m.In(x);
-    void* out = keeps_x ? Unchanged(m, x, *y) : m.Out(*y);
-    if (c.rank != info.root && !identity) m.Zero(out, y->size_bytes());
+    void* out = off_root && identity ? Unchanged(m, x, *y) : m.Out(*y);
+    if (off_root && !identity) m.Zero(out, y->size_bytes());
     return mpi::Gather(in, out, x.element_count(), TypeOf(x), info.root, c.handle);
   });
 }
