@@ -1,8 +1,9 @@
 """How the memory behind a buffer changes the time of one large MPI call:
 MPI_Bcast of 16 MiB between two ranks, from a NumPy array (NumPy asks the
 kernel for transparent huge pages on arrays of 4 MiB and more) and from
-plain anonymous memory in 4 KiB pages (what XLA's buffers and a C++
-std::vector get). Same process, same communicator, alternating.
+plain anonymous memory in 4 KiB pages. Same process, same communicator,
+alternating. Also prints how much of each buffer, and of a 16 MiB JAX array
+(an XLA buffer), sits on huge pages (/proc/self/smaps).
     mpirun -n 2 --bind-to core python benchmarks/buffer_memory.py"""
 
 import mmap
@@ -23,7 +24,30 @@ def plain_pages():
     return array
 
 
+def huge_kib(address, nbytes=N * 4):
+    """AnonHugePages of the mappings that hold [address, address + nbytes), in KiB."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(a, 16) for a in head.split("-"))
+                inside = start < address + nbytes and address < end
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1])
+    return total
+
+
 buffers = {"NumPy array": np.ones(N, np.float32), "plain 4 KiB pages": plain_pages()}
+if WORLD.Get_rank() == 0:
+    import jax.numpy as jnp
+
+    xla = jnp.ones(N, jnp.float32).block_until_ready()
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        print(f"transparent huge pages: {f.read().strip()}")
+    addresses = {name: array.ctypes.data for name, array in buffers.items()}
+    for name, address in (addresses | {"JAX array": xla.unsafe_buffer_pointer()}).items():
+        print(f"{name:18s} {huge_kib(address):6d} KiB of its 16384 KiB on huge pages")
 times = {name: [] for name in buffers}
 for _ in range(REPS):
     for name, array in buffers.items():

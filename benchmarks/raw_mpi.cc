@@ -1,5 +1,7 @@
-// OSU-style timings of the benchmarked operations, straight from MPI: the
-// limit that the JAX bindings are compared with. For each operation and size:
+// OSU-style timings of the benchmarked operations, straight from MPI: the C++
+// reference that the JAX bindings are compared with. It is not a lower bound:
+// mpi4py on NumPy arrays beats it at some sizes (NumPy's buffers sit on huge
+// pages, this program's std::vector on 4 KiB pages). For each operation and size:
 // one warm-up repetition, then `reps` repetitions of `iters(size)` calls
 // between barriers; a repetition's time is the slowest rank's. Prints one JSON
 // line per case on rank 0: each repetition's microseconds per operation

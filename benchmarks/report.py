@@ -42,6 +42,25 @@ def _rounds(setup):
             "repetitions each, and the medians are over all of them.")  # fmt: skip
 
 
+def _order_of_runs(setup):
+    """How the implementations' timings of a case were taken, from the run's setup."""
+    if "interleaved" not in setup:  # runs before every implementation joined the rotation
+        return f"""So the C++ reference, mpijax and mpi4jax run interleaved: each is a
+  server under its own `mpirun`, asked for one case at a time in an order that rotates from case
+  to case (the idle ones sleep), so the timings of a case are taken within seconds of each
+  other; so is mpijax in check mode, at the summary's sizes. Even so, two runs of a case seconds
+  apart differ by up to a third from 1 MiB up, so {_rounds(setup)}
+  In this run mpi4py and JAX's collectives ran one after the other, after the rotation, with
+  all their repetitions in one go; and mpi4py's allgather handed its input on to the next call
+  without converting its result to a JAX array, so its allgather times leave out the copy that
+  its other operations include."""
+    return f"""So every implementation runs interleaved: each is a server under its
+  own `mpirun`, asked for one case at a time in an order that rotates from case to case (the idle
+  ones sleep), so the timings of a case are taken within seconds of each other; mpijax in check
+  mode joins the rotation at the summary's sizes. Even so, two runs of a case seconds apart
+  differ by up to a third from 1 MiB up, so {_rounds(setup)}"""
+
+
 def _method(setup):
     return f"""## Method
 
@@ -56,19 +75,15 @@ each bound to a core, with one XLA thread per rank
   repetitions (min, max and every repetition are in results.json). Times are microseconds per
   operation. For the ping-pong, that is one way (half a round trip).
 - **raw MPI (C++)**: `benchmarks/raw_mpi.cc`, the same MPI calls from C++, built by CMake: the
-  physical limit. Its data flows as in the JAX loops below (reductions in place, the ping-pong
-  echoes what it received, sendrecv alternates two buffers), at `MPI_THREAD_MULTIPLE` like every
-  Python binding: a buffer one rank has just written costs the other rank more to read than one
-  it only reads (several times more at 64 KiB on this machine), and a limit that skipped it
-  would not be one.
+  C++ reference that the bindings are compared with. It is not a lower bound: mpi4py on NumPy
+  arrays beats it at some sizes from 1 MiB up (see "How to read the misses"). Its data flows as
+  in the JAX loops below (reductions in place, the ping-pong echoes what it received, sendrecv
+  alternates two buffers), at `MPI_THREAD_MULTIPLE` like every Python binding: a buffer one rank
+  has just written costs the other rank more to read than one it only reads, and a reference
+  that skipped that would flatter the C++ side.
 - This machine is a virtual machine with 2 cores, and it has slow phases that last minutes:
-  the same raw MPI 64 KiB ping-pong takes 13 µs or 37 µs depending on the minute, and 1–16 KiB
-  collectives twice their usual time. So raw MPI, mpijax and mpi4jax run interleaved: each is a
-  server under its own `mpirun`, asked for one case at a time in an order that rotates from case
-  to case (the idle ones sleep), so the timings of a case are taken within seconds of each
-  other; so is mpijax in check mode, at the summary's sizes. Even so, two runs of a case seconds
-  apart differ by up to a third from 1 MiB up, so {_rounds(setup)}
-  mpi4py and JAX's collectives, far slower, run one after the other.
+  the same C++ 64 KiB ping-pong takes 13 µs or 38 µs depending on the minute, and 1–16 KiB
+  collectives twice their usual time. {_order_of_runs(setup)}
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
   and JAX dispatch are not counted. Same-shape results feed the next iteration (in place where
@@ -76,12 +91,17 @@ each bound to a core, with one XLA thread per rank
   know in advance, is written back into the input, so that no collective can be hoisted out of
   the loop.
 - **mpi4py + NumPy**: a Python loop that hands NumPy views of JAX arrays to mpi4py and copies the
-  results back into JAX arrays, which is what a JAX user does without a binding. Its times
-  include that overhead.
+  results back into JAX arrays (`jnp.asarray`), which is what a JAX user does without a binding.
+  Its times include that overhead.
 - **JAX shard_map**: `jax.distributed` with the gloo CPU collectives (TCP, bound to 127.0.0.1);
   `psum`, `all_gather`, `all_to_all`, `ppermute`, and for bcast a `psum` of the root's value
   (`lax.pbroadcast` has no CPU lowering in JAX 0.10). gloo takes about a millisecond per
   operation, so this one runs a fiftieth of the iterations (at least 10).
+- **Not compared: JAX's MPI collectives** (`jax_cpu_collectives_implementation="mpi"`). JAX
+  reaches MPI through MPItrampoline, which needs `MPITRAMPOLINE_LIB` to name an MPIwrapper
+  library built for the MPI in use; neither Debian 12 nor PyPI has MPIwrapper. Without it, or
+  with Open MPI's `libmpi.so` in its place, the job ends at start-up
+  (`jax_mpi_collectives.log`, from `benchmarks/jax_mpi_collectives.py`).
 
 Operations: {"; ".join(f"{op}: {WHAT[op]}" for op in OPS)}.
 """
@@ -102,18 +122,21 @@ def _summary(table, impls):
     return "\n".join(lines)
 
 
-READING = """How to read the misses. At 8 B, mpijax's gap to raw MPI is the fixed cost of one XLA custom
-call around the same MPI call, and it is smaller than mpi4jax's for every operation. From 1 MiB
-up, the machine moves the ratios more than any binding does. First, its slow phases: a case's
-repetitions fall into groups, one per round, that can differ several-fold (every repetition is
-in results.json). Second, how the buffer's memory is mapped. `benchmarks/buffer_memory.py`
-times the same 16 MiB `MPI_Bcast` in one process: 1.2 ms from a NumPy array, which NumPy backs
-with transparent huge pages, and 2.5 ms from plain 4 KiB pages, which is what XLA's buffers and
-the C++ `std::vector` get (Open MPI 4.1, single-copy CMA, on 2026-11-23). mpijax makes one MPI
-call per operation, in place on XLA's buffer: the compiled loop body has no copy. So its
-large-message gaps to raw MPI, which go both ways from run to run, are not work that mpijax
-adds. mpi4jax makes the same calls from the same XLA loops and scatters the same way, except
-where it copies (allreduce and bcast results are not written in place), where it is slower."""
+READING = """How to read the misses. The targets are the issue's: at 8 B, mpijax within 1 µs of the C++
+reference; from 1 MiB up, at least 95 % of its bandwidth at every size. At 8 B, mpijax's gap to
+the C++ reference is the cost of one XLA custom call around the same MPI call, and it is smaller
+than mpi4jax's for every operation. From 1 MiB up, repetitions of one case fall into groups, one
+per round, that can differ several-fold (every repetition is in results.json), and how the
+buffer's memory is mapped matters: `benchmarks/buffer_memory.py` times the same 16 MiB
+`MPI_Bcast` from a NumPy array, which NumPy puts mostly on transparent huge pages, and from
+plain 4 KiB pages, which is where XLA's buffers are (`buffer_memory.log`: the NumPy array was
+faster in each of its three runs, by 1.15 to 1.98 times, on a loaded machine). The C++ reference
+is therefore no lower bound: its `std::vector`, like the plain pages there, gets no huge pages
+(they are `madvise`-only on this machine), and mpi4py on NumPy arrays beats it at some sizes.
+mpijax's compiled loops have no copy of the message except alltoall's, where the benchmark's
+write-back into the reshaped input costs one copy of the input per iteration (for mpi4jax too);
+mpi4jax's allreduce loop copies the message every iteration (`loop_copies.log`, from
+`benchmarks/loop_copies.py`)."""
 
 
 def _targets(table):
@@ -150,11 +173,14 @@ def _check_mode(table):
             plain, checked = table[MPIJAX].get((op, nbytes)), table[CHECK].get((op, nbytes))
             if plain and checked:
                 extra = checked["median"] - plain["median"]
-                lines.append(f"| {op} | {label} | {_cell(plain)} | {_cell(checked)} | {extra:+.2f} |")
+                cost = f"{extra:+.2f}" if extra >= 0 else f"noise ({extra:+.2f})"
+                lines.append(f"| {op} | {label} | {_cell(plain)} | {_cell(checked)} | {cost} |")
     return (
         "## Check mode\n\nThe cost of `MPIJAX_CHECK=1`, measured the same way: before each collective an "
         "allgather of a\n120-byte signature, before each message a handshake with the peer (one more round "
-        "trip).\n\n" + "\n".join(lines) + "\n\n"
+        "trip). Check mode\nonly adds work, so a negative difference is the machine's noise, not a saving: "
+        "it is shown as\nnoise, and at those sizes the table cannot tell the check's cost from the noise."
+        "\n\n" + "\n".join(lines) + "\n\n"
     )
 
 

@@ -1,6 +1,6 @@
-"""Benchmarks side by side: raw MPI (C++), mpijax, mpi4jax, mpi4py and JAX's
-own collectives, each under `mpirun -n 2`, one XLA thread per rank, ranks
-bound to cores. Writes results.json, README.md (method, tables, ratios,
+"""Benchmarks side by side: the C++ reference (the same MPI calls from C++),
+mpijax, mpi4jax, mpi4py and JAX's own collectives, each under `mpirun -n 2`,
+one XLA thread per rank, ranks bound to cores. Writes results.json, README.md (method, tables, ratios,
 targets) and one PNG per operation to the output folder.
 
     python benchmarks/run.py            # the full run: 8 B to 64 MiB
@@ -82,24 +82,32 @@ def collect(process, results, stage):
 
 
 def interleaved(servers, sizes, rounds, results):
-    """The closest competitors case by case: each is a server under its own
+    """Every implementation case by case: each is a server under its own
     mpirun (`--serve`), asked for one case at a time, in an order that rotates
     from case to case. This machine has slow phases that last minutes (the
-    same raw MPI ping-pong takes 13 us or 37 us depending on the minute);
+    same C++ ping-pong takes 13 us or 38 us depending on the minute);
     stage by stage, one could fall on one implementation and not another.
-    Every case comes round `rounds` times, and its repetitions are pooled."""
+    Every case comes round `rounds` times, and its repetitions are pooled.
+    A server that ends early is left out of the rest (and of the report);
+    returns the names of those."""
 
     def ask(name, op, nbytes):
         server = servers[name]
-        server.stdin.write(f"{op} {nbytes}\n")
-        server.stdin.flush()
+        try:
+            server.stdin.write(f"{op} {nbytes}\n")
+            server.stdin.flush()
+        except BrokenPipeError:
+            pass
         line = next((line for line in server.stdout if line.startswith("{")), None)
         if line is None:
-            raise SystemExit(f"{name} ended before answering {op} {nbytes} (exit code {server.wait()})")
+            print(f"== {name} ended before answering {op} {nbytes} (exit code {server.wait()}): left out", flush=True)
+            names.remove(name)
+            failed.append(name)
+            return None
         return json.loads(line)
 
-    names = list(servers)
-    for name in names:  # a first call pays for setting MPI up: not a case
+    names, failed = list(servers), []
+    for name in list(names):  # a first call pays for setting MPI up: not a case
         ask(name, OPS[0], 8)
     cases = [(op, nbytes) for nbytes in sizes for op in OPS]
     pooled = {}
@@ -110,17 +118,22 @@ def interleaved(servers, sizes, rounds, results):
             for name in names[turn:] + names[:turn]:
                 if name != "check" or nbytes in MARKS:  # check mode: the summary's sizes only
                     answer = ask(name, op, nbytes)
+                    if answer is None:
+                        continue
                     times = pooled.setdefault((name, op, nbytes), [])
                     times += answer["times"]
                     if lap < rounds - 1:
                         summary(answer)
                     else:
                         record(answer | {"times": times}, results, "close")
-    for name, server in servers.items():
+    for name in names:
+        server = servers[name]
         server.stdin.write("\n")  # the end; Open MPI 5 does not pass on the end of input itself
         server.stdin.close()
         if server.wait():
-            raise SystemExit(f"{name} failed (exit code {server.returncode})")
+            print(f"== {name} failed at the end (exit code {server.returncode})", flush=True)
+            failed.append(name)
+    return failed
 
 
 def mps_running():
@@ -158,19 +171,24 @@ def stages(sizes, reps, calls, gpu):
             *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax"]],
         ]
     return [
-        *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpi4py", "jax"]],
         ("dispatch", 1, lambda: [*worker, "dispatch"]),
         ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
     ]
 
 
+INTERLEAVED = ["raw", "mpijax", "check", "mpi4jax", "mpi4py", "jax"]
+
+
 def servers(reps, have_mpi4jax):
-    """raw MPI, mpijax, mpijax in check mode and mpi4jax (if installed) as
-    servers of cases (interleaved)."""
+    """Every implementation as a server of cases (interleaved): the C++
+    reference, mpijax, mpijax in check mode, mpi4jax (if installed), mpi4py
+    and JAX's shard_map collectives."""
     worker = [sys.executable, str(HERE / "worker.py")]
     commands = {"raw": [str(build("raw_mpi")), str(reps), "serve"]}
-    for impl in ["mpijax", "mpijax-check", "mpi4jax"] if have_mpi4jax else ["mpijax", "mpijax-check"]:
-        commands[impl.replace("mpijax-", "")] = [*worker, impl, "--reps", str(reps), "--serve"]
+    for name in INTERLEAVED[1:]:
+        if name != "mpi4jax" or have_mpi4jax:
+            impl = "mpijax-check" if name == "check" else name
+            commands[name] = [*worker, impl, "--reps", str(reps), "--serve"]
     return {name: mpirun(2, *command, serve=True) for name, command in commands.items()}
 
 
@@ -188,21 +206,25 @@ def main():
     calls = 10_000 if args.quick else 100_000
     started = time.time()
 
-    results, minutes, failed = [], 0.0, []
+    results, minutes, failed, rotation = [], 0.0, [], None
     saved = args.output / "results.json"
     if args.only:
         previous = json.loads(saved.read_text())
         results = [r for r in previous["results"] if r.get("stage") not in args.only]
         minutes = previous["setup"]["minutes"]
+        rotation = previous["setup"].get("interleaved")
     have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None
     if not args.gpu and (not args.only or "close" in args.only):
-        print("== close: raw MPI, mpijax (and in check mode)" + (", mpi4jax" if have_mpi4jax else "") + ", interleaved",
-              flush=True)  # fmt: skip
-        interleaved(servers(reps, have_mpi4jax), sizes, rounds, results)
+        print("== close: the C++ reference, mpijax (and in check mode)" + (", mpi4jax" if have_mpi4jax else "")
+              + ", mpi4py, JAX shard_map, interleaved", flush=True)  # fmt: skip
+        rotation = servers(reps, have_mpi4jax)
+        left_out = interleaved(rotation, sizes, rounds, results)
+        rotation = [name for name in rotation if name not in left_out]
+        failed += left_out
     for stage, ranks, command in stages(sizes, reps * rounds, calls, args.gpu):
         if args.only and stage not in args.only:
             continue
-        if stage in ("mpi4jax", "dispatch") and not have_mpi4jax:
+        if stage == "dispatch" and not have_mpi4jax:
             print(f"== {stage}: needs mpi4jax, not installed, skipped", flush=True)
             continue
         print(f"== {stage}", flush=True)
@@ -223,6 +245,10 @@ def main():
         "rounds": rounds,
         "minutes": round(minutes + (time.time() - started) / 60, 1),
         "failed": failed,
+        # The servers of the interleaved rotation. Results without this key
+        # come from runs where mpi4py and JAX ran one after the other, and
+        # mpi4py's allgather did not convert its result back to JAX.
+        **({"interleaved": rotation} if rotation is not None else {}),
     }
     saved.write_text(json.dumps({"setup": setup, "results": results}, indent=1))
     from report import write_gpu_report, write_report  # matplotlib only here

@@ -240,7 +240,8 @@ def run_mpi4py(cases, reps):
     comm = WORLD.Dup()
 
     def calls(op, x):
-        recv = np.empty((SIZE * x.size,), np.float32) if op == "allgather" else np.empty_like(np.asarray(x))
+        n = x.size
+        recv = np.empty((SIZE * n,), np.float32) if op == "allgather" else np.empty_like(np.asarray(x))
 
         def pingpong(x):
             if RANK == 0:
@@ -259,7 +260,9 @@ def run_mpi4py(cases, reps):
         return {
             "allreduce": lambda x: (comm.Allreduce(np.asarray(x), recv), jnp.asarray(recv))[1],
             "bcast": bcast,
-            "allgather": lambda x: (comm.Allgather(np.asarray(x), recv), x)[1],
+            # The result, converted to JAX like the others'; the next call sends
+            # its first block (a NumPy view, no copy).
+            "allgather": lambda x: (comm.Allgather(np.asarray(x)[:n], recv), jnp.asarray(recv))[1],
             "alltoall": lambda x: (comm.Alltoall(np.asarray(x), recv), jnp.asarray(recv))[1],
             "sendrecv": lambda x: (comm.Sendrecv(np.asarray(x), NEXT, recvbuf=recv, source=PREV), jnp.asarray(recv))[1],
             "pingpong": pingpong,
