@@ -201,12 +201,12 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
 constexpr auto kNoHostAccess = [](const Comm&) { return false; };
 
 // `call(comm, memory)` takes its views from `memory`, makes the MPI call and
-// returns its error code; it reads peers from `info`, which check mode may
-// narrow. `host_access(comm)` says whether the call needs its data in host
-// memory (see memory.h).
-template <class Memory, class HostAccess, class Call>
+// returns its error code; it reads peers from `info`, which `route(memory)`
+// may fill in first and check mode may narrow. `host_access(comm)` says
+// whether the call needs its data in host memory (see memory.h).
+template <class Memory, class HostAccess, class RouteStep, class Call>
 ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id,
-               HostAccess host_access, Call&& call) {
+               HostAccess host_access, RouteStep route, Call&& call) {
   Comm comm{};
   if (!LookupComm(comm_id, &comm.handle)) {
     return ffi::Error::InvalidArgument("mpijax." + std::string(info.op) +
@@ -215,6 +215,7 @@ ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id
   MPI_Comm_rank(comm.handle, &comm.rank);
   MPI_Comm_size(comm.handle, &comm.size);
   Memory memory(context, host_access(comm));
+  route(memory);
   InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();
   std::string mismatch;
@@ -236,17 +237,39 @@ ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id
   return ffi::Error::Success();
 }
 
-// A receive leaves unspecified what a shorter message did not fill (or all of
-// the buffer for MPI_PROC_NULL); zero it so results are deterministic, and
-// copy the status out when Python asked for it.
+template <class Memory, class HostAccess, class Call>
+ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id,
+               HostAccess host_access, Call&& call) {
+  return Run<Memory>(
+      context, info, comm_id, host_access, [](Memory&) {}, call);
+}
+
+// Fills in a routed peer and its tag from `route` (see kRouted). A message
+// from MPI_PROC_NULL is answered to MPI_PROC_NULL, and so is every routed
+// call after a memory error, when the route cannot be read.
 template <class Memory>
-void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
+void Route(Memory& m, const ffi::AnyBuffer& route, int* peer, int* tag) {
+  if (*peer != kRouted) return;
+  MPI_Status status{};
+  m.Copy(&status, m.In(route), sizeof status);
+  *peer = m.error().empty() ? status.MPI_SOURCE : MPI_PROC_NULL;
+  *tag = *peer == MPI_PROC_NULL ? 0 : status.MPI_TAG;
+}
+
+// A receive leaves unspecified what a shorter message did not fill (or all of
+// the buffer for MPI_PROC_NULL); zero it so results are deterministic. The
+// status goes to the envelope output (the route of the receive's
+// derivatives, and how Python fills an MPI.Status after an eager call) and
+// to the address of a status that a compiled program writes.
+template <class Memory>
+void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes, void* envelope,
                    int64_t status_address) {
   int received = 0;
   if (MPI_Get_count(&status, MPI_BYTE, &received) == MPI_SUCCESS && received >= 0 &&
       static_cast<size_t>(received) < bytes) {
     m.Zero(static_cast<char*>(out) + received, bytes - static_cast<size_t>(received));
   }
+  m.Copy(envelope, &status, sizeof status);
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
 }
 
@@ -403,39 +426,48 @@ ffi::Error Barrier(typename Memory::Context ctx, ffi::Token, TokenOut, int64_t c
                      [&](const Comm& c, Memory&) { return mpi::Barrier(c.handle); });
 }
 
-// A send to oneself is copied on the host (mpi_calls.h).
+// A send to oneself is copied on the host (mpi_calls.h), and a routed send
+// may turn out to be one.
 template <class Memory>
-ffi::Error Send(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, TokenOut, int64_t comm,
-                int64_t dest, int64_t tag) {
+ffi::Error Send(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer route, ffi::Token,
+                TokenOut, int64_t comm, int64_t dest, int64_t tag) {
   CallInfo info = Describe("send", x);
   info.dest = static_cast<int>(dest);
   info.send_tag = static_cast<int>(tag);
-  const auto to_self = [&](const Comm& c) { return info.dest == c.rank; };
-  return Run<Memory>(ctx, info, comm, to_self, [&](const Comm& c, Memory& m) {
-    return mpi::Send(m.In(x), x.element_count(), TypeOf(x), info.dest, info.send_tag, c.handle);
-  });
+  const auto to_self = [&](const Comm& c) { return info.dest == c.rank || info.dest == kRouted; };
+  return Run<Memory>(
+      ctx, info, comm, to_self, [&](Memory& m) { Route(m, route, &info.dest, &info.send_tag); },
+      [&](const Comm& c, Memory& m) {
+        return mpi::Send(m.In(x), x.element_count(), TypeOf(x), info.dest, info.send_tag, c.handle);
+      });
 }
 
 template <class Memory>
-ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
-                int64_t comm, int64_t source, int64_t tag, int64_t status) {
+ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer route, ffi::Token,
+                Out y, Out envelope, TokenOut, int64_t comm, int64_t source, int64_t tag,
+                int64_t status) {
   CallInfo info = Describe("recv", x);
   info.source = static_cast<int>(source);
   info.recv_tag = static_cast<int>(tag);
-  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
-    void* out = m.Out(*y);
-    MPI_Status st;
-    const int code =
-        mpi::Recv(out, y->element_count(), TypeOf(x), info.source, info.recv_tag, c.handle, &st);
-    if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), status);
-    return code;
-  });
+  return Run<Memory>(
+      ctx, info, comm, kNoHostAccess,
+      [&](Memory& m) { Route(m, route, &info.source, &info.recv_tag); },
+      [&](const Comm& c, Memory& m) {
+        void* out = m.Out(*y);
+        void* env = m.Out(*envelope);
+        MPI_Status st;
+        const int code = mpi::Recv(out, y->element_count(), TypeOf(x), info.source, info.recv_tag,
+                                   c.handle, &st);
+        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), env, status);
+        return code;
+      });
 }
 
 template <class Memory>
 ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyBuffer recv,
-                    ffi::Token, Out y, TokenOut, int64_t comm, int64_t source, int64_t dest,
-                    int64_t sendtag, int64_t recvtag, int64_t status) {
+                    ffi::AnyBuffer route, ffi::Token, Out y, Out envelope, TokenOut, int64_t comm,
+                    int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag,
+                    int64_t status) {
   CallInfo info = Describe("sendrecv", send);
   info.source = static_cast<int>(source);
   info.dest = static_cast<int>(dest);
@@ -449,9 +481,14 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
   const bool overlap = send.size_bytes() > 0 && send.untyped_data() == y->untyped_data();
   return Run<Memory>(
       ctx, info, comm, [&](const Comm&) { return overlap; },
+      [&](Memory& m) {
+        Route(m, route, &info.source, &info.recv_tag);
+        Route(m, route, &info.dest, &info.send_tag);
+      },
       [&](const Comm& c, Memory& m) {
         const void* source_data = m.In(send);
         void* out = m.Out(*y);
+        void* env = m.Out(*envelope);
         std::vector<char> copy;
         if (overlap) {
           const char* bytes = static_cast<const char*>(source_data);
@@ -462,7 +499,7 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
         const int code = mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
                                        info.send_tag, out, y->element_count(), TypeOf(recv),
                                        info.source, info.recv_tag, c.handle, &st);
-        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), status);
+        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), env, status);
         return code;
       });
 }
@@ -508,19 +545,29 @@ MPIJAX_OP(
     P::Bind().template Arg<ffi::Token>().template Ret<ffi::Token>().template Attr<int64_t>("comm"));
 MPIJAX_OP(Send, P::Bind()
                     .template Arg<ffi::AnyBuffer>()
+                    .template Arg<ffi::AnyBuffer>()
                     .template Arg<ffi::Token>()
                     .template Ret<ffi::Token>()
                     .template Attr<int64_t>("comm")
                     .template Attr<int64_t>("dest")
                     .template Attr<int64_t>("tag"));
-MPIJAX_OP(Recv, Unary<P>()
+MPIJAX_OP(Recv, P::Bind()
+                    .template Arg<ffi::AnyBuffer>()
+                    .template Arg<ffi::AnyBuffer>()
+                    .template Arg<ffi::Token>()
+                    .template Ret<ffi::AnyBuffer>()
+                    .template Ret<ffi::AnyBuffer>()
+                    .template Ret<ffi::Token>()
+                    .template Attr<int64_t>("comm")
                     .template Attr<int64_t>("source")
                     .template Attr<int64_t>("tag")
                     .template Attr<int64_t>("status"));
 MPIJAX_OP(Sendrecv, P::Bind()
                         .template Arg<ffi::AnyBuffer>()
                         .template Arg<ffi::AnyBuffer>()
+                        .template Arg<ffi::AnyBuffer>()
                         .template Arg<ffi::Token>()
+                        .template Ret<ffi::AnyBuffer>()
                         .template Ret<ffi::AnyBuffer>()
                         .template Ret<ffi::Token>()
                         .template Attr<int64_t>("comm")

@@ -95,6 +95,8 @@ NB_MODULE(_core, m) {
   std::string mpi4py_error;
   if (import_mpi4py() < 0) mpi4py_error = nb::python_error().what();
   m.attr("mpi4py_error") = mpi4py_error;
+  m.attr("ROUTED") = kRouted;
+  m.attr("STATUS_BYTES") = sizeof(MPI_Status);
 
   m.def("ffi_targets", [] {
     nb::dict platforms;

@@ -9,6 +9,8 @@ import jax
 import pytest
 from mpi4py import MPI
 
+import mpijax
+
 jax.config.update("jax_enable_x64", True)
 
 RANK = MPI.COMM_WORLD.Get_rank()
@@ -42,6 +44,15 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     return f"MPI: {SIZE} rank(s); {MPI.Get_library_version().splitlines()[0]}"
+
+
+@pytest.fixture
+def watchdog():
+    """MPIJAX_TIMEOUT for one test: a call that waits a minute raises (on
+    the ranks that wait) instead of hanging the job."""
+    mpijax.set_timeout(60)
+    yield
+    mpijax.set_timeout(None)
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ from mpijax._src.runtime import core
 
 from reference import MODES, RANK, SIZE
 
+# A derivative that waits for a message that never comes fails, not hangs.
+pytestmark = pytest.mark.usefixtures("watchdog")
+
 WORLD = MPI.COMM_WORLD
 NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
 N = 3  # elements per rank
@@ -40,7 +43,9 @@ class Case:
     shape: Callable = lambda rank: (N,)  # this rank's input shape
     replicated: bool = False  # every rank holds the same result
     linear: bool = True
-    constant_buffer: bool = False  # receives into a constant: not under vmap or linear_transpose
+    # Receives from MPI.ANY_SOURCE or with MPI.ANY_TAG: transposed after they
+    # ran (vjp, grad, jacrev), not by linear_transpose (test_..._cannot_be_linearly_transposed).
+    wildcard: bool = False
 
     def __repr__(self):
         return self.name
@@ -54,14 +59,32 @@ def fold(f, xs):
     return functools.reduce(f, xs)
 
 
-def ring(x, comm, template=None):
+def ring(x, comm, template=None, tag=0, source=PREV, recv_tag=0):
+    """Pass x to the next rank (under `tag`), receiving into `template` from
+    `source` with `recv_tag`: even ranks send first, odd ranks receive first."""
     template = x if template is None else template
     if RANK % 2 == 0:
-        mpijax.send(x, NEXT, comm=comm)
-        return mpijax.recv(template, PREV, tag=0, comm=comm)
-    y = mpijax.recv(template, PREV, tag=0, comm=comm)
-    mpijax.send(x, NEXT, comm=comm)
+        mpijax.send(x, NEXT, tag=tag, comm=comm)
+        return mpijax.recv(template, source, tag=recv_tag, comm=comm)
+    y = mpijax.recv(template, source, tag=recv_tag, comm=comm)
+    mpijax.send(x, NEXT, tag=tag, comm=comm)
     return y
+
+
+def on_odd_ranks(value, x):
+    """`value` on odd ranks, x elsewhere: operands that are constants on some
+    ranks only, as in `x if rank == root else zeros`."""
+    return value if RANK % 2 else x
+
+
+C = 0.75  # a constant operand's value
+
+
+def from_prev(xs, odd_constant=False):
+    """Every rank's result when each rank passes its x to the next one (odd
+    ranks pass the constant C instead, with odd_constant)."""
+    sent = [np.full_like(x, C) if odd_constant and r % 2 else x for r, x in enumerate(xs)]
+    return [sent[(r - 1) % SIZE] for r in range(SIZE)]
 
 
 def _cases():
@@ -122,12 +145,54 @@ def _cases():
             lambda xs: [np.stack([xs[s][r] for s in range(SIZE)]) for r in range(SIZE)],
             shape=lambda rank: (SIZE, N),
         ),
+        # The idioms as people write them: default source and tag, receive
+        # buffers that are constants (on every rank, or on some), and tags
+        # other than 0.
+        Case("sendrecv", lambda x, c: mpijax.sendrecv(x, x, PREV, NEXT, comm=c), from_prev, wildcard=True),
         Case(
-            "sendrecv",
-            lambda x, c: mpijax.sendrecv(x, x, PREV, NEXT, comm=c),
-            lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)],
+            "sendrecv-tagged",
+            lambda x, c: mpijax.sendrecv(x, x, PREV, NEXT, sendtag=3, recvtag=3, comm=c),
+            from_prev,
         ),
-        Case("send-recv", ring, lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)]),
+        # A receive from MPI.ANY_SOURCE with MPI.ANY_TAG could take a derivative
+        # message meant for another call here (docs/autodiff.md, rule 3); the
+        # gather-like test below has those defaults.
+        Case(
+            "sendrecv-zeros_like-any-source",
+            lambda x, c: mpijax.sendrecv(
+                x, jnp.zeros_like(x), MPI.ANY_SOURCE, NEXT, sendtag=4 + RANK, recvtag=4 + PREV, comm=c
+            ),
+            from_prev,
+            wildcard=True,
+        ),
+        Case(
+            "sendrecv-constant-on-odd-ranks",
+            lambda x, c: mpijax.sendrecv(
+                on_odd_ranks(jnp.full(N, C), x), on_odd_ranks(jnp.zeros(N), x), PREV, NEXT, sendtag=2, recvtag=2, comm=c
+            ),
+            lambda xs: from_prev(xs, odd_constant=True),
+            linear=False,  # affine: odd ranks send a constant
+        ),  # fmt: skip
+        Case("send-recv", ring, from_prev),
+        Case("recv-constant-buffer", lambda x, c: ring(x, c, template=jnp.zeros(N)), from_prev),
+        Case(
+            "recv-any-source-constant-buffer",
+            lambda x, c: ring(x, c, template=jnp.zeros(N), tag=5 + RANK, source=MPI.ANY_SOURCE, recv_tag=5 + PREV),
+            from_prev,
+            wildcard=True,
+        ),
+        Case(
+            "recv-any-tag-constant-buffer",
+            lambda x, c: ring(x, c, template=jnp.zeros(N), tag=5 + RANK, recv_tag=MPI.ANY_TAG),
+            from_prev,
+            wildcard=True,
+        ),
+        Case(
+            "send-constant-on-odd-ranks",
+            lambda x, c: ring(on_odd_ranks(jnp.full(N, C), x), c, template=on_odd_ranks(x, jnp.zeros(N))),
+            lambda xs: from_prev(xs, odd_constant=True),
+            linear=False,  # affine
+        ),
         # A rank whose operands are all constants still takes part in the
         # derivative's MPI calls.
         Case(
@@ -135,32 +200,30 @@ def _cases():
             lambda x, c: mpijax.bcast(x if RANK == 0 else jnp.zeros(N), 0, comm=c),
             lambda xs: [xs[0]] * SIZE,
             replicated=True,
-            constant_buffer=True,
+        ),
+        Case(
+            "bcast-constant-root",
+            lambda x, c: mpijax.bcast(jnp.full(N, C) if RANK == 0 else x, 0, comm=c),
+            lambda xs: [np.full(N, C)] * SIZE,
+            replicated=True,
+            linear=False,  # constant
         ),
         Case(
             "scatter-constant-buffer",
             lambda x, c: mpijax.scatter(x if RANK == 0 else jnp.zeros(N), 0, comm=c),
             lambda xs: [xs[0][r] for r in range(SIZE)],
             shape=lambda rank: (SIZE, N) if rank == 0 else (N,),
-            constant_buffer=True,
-        ),
-        Case(
-            "recv-constant-buffer",
-            lambda x, c: ring(x, c, template=jnp.zeros(N)),
-            lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)],
-            constant_buffer=True,
         ),
     ]
     return cases
 
 
 CASES = _cases()
-LINEAR = [c for c in CASES if c.linear and not c.constant_buffer]
-VMAPPABLE = [c for c in CASES if not c.constant_buffer]
+LINEAR = [c for c in CASES if c.linear and not c.wildcard]
 # jacfwd vmaps over each rank's input, jacrev over each rank's output: every
 # rank must vmap over the same number of basis vectors.
-SAME_INPUT_SIZE = [c for c in VMAPPABLE if not c.name.startswith("scatter")]
-SAME_OUTPUT_SIZE = [c for c in VMAPPABLE if not c.name.startswith("gather")]
+SAME_INPUT_SIZE = [c for c in CASES if not c.name.startswith("scatter")]
+SAME_OUTPUT_SIZE = [c for c in CASES if not c.name.startswith("gather")]
 
 
 def draw(case, what, rank=RANK, shape=None):
@@ -300,7 +363,7 @@ def test_linear_transpose_three_deep(comm, case):
 
 
 @pytest.mark.parametrize("in_axis,out_axis", [(0, 0), (-1, 0), (0, -1)])
-@pytest.mark.parametrize("case", VMAPPABLE, ids=repr)
+@pytest.mark.parametrize("case", CASES, ids=repr)
 def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capfd):
     batch = [inputs(case, f"batch{b}") for b in range(4)]
     stacked = jnp.asarray(np.stack([b[RANK] for b in batch], axis=in_axis))
@@ -388,10 +451,53 @@ def test_second_derivative_of_a_product(comm):
     assert_close(hvp, (numpy_grad(xs + H * vs) - numpy_grad(xs - H * vs)) / (2 * H), rtol=1e-6)
 
 
-def test_receive_from_any_source_is_not_differentiable(comm):
-    x = jnp.ones(2)
-    with pytest.raises(NotImplementedError, match="ANY_SOURCE"):
-        jax.jvp(lambda x: mpijax.sendrecv(x, x, MPI.ANY_SOURCE, NEXT, comm=comm), (x,), (x,))
+@pytest.mark.parametrize("case", [c for c in CASES if c.wildcard], ids=repr)
+def test_receives_from_anyone_cannot_be_linearly_transposed(comm, case):
+    """linear_transpose never runs the receive, so it cannot know whom to
+    answer: it raises on every rank instead of guessing the tag (and hanging)."""
+    x = jnp.asarray(inputs(case)[RANK])
+    with pytest.raises(NotImplementedError, match="cannot transpose a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG"):
+        jax.linear_transpose(functools.partial(call_with, case.call, comm), x)(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_derivatives_of_receives_from_any_source_go_back_to_each_sender(comm, mode):
+    """Rank 0 receives from every other rank with the defaults (MPI.ANY_SOURCE,
+    MPI.ANY_TAG), in whatever order the messages arrive; each sender used its
+    own tag. Rank 0's loss does not depend on the order, so each sender's
+    gradient is cos of its own x, and the tangent is the sum over senders."""
+    xs, vs = [draw(CASES[0], "x", r) for r in range(SIZE)], [draw(CASES[0], "v", r) for r in range(SIZE)]
+
+    def loss(x):
+        if RANK == 0:
+            return sum(jnp.sum(jnp.sin(mpijax.recv(jnp.zeros(N), comm=comm))) for _ in range(SIZE - 1))
+        mpijax.send(x, 0, tag=10 + RANK, comm=comm)
+        return jnp.zeros(())
+
+    g = MODES[mode](jax.grad(loss))(xs[RANK])
+    assert_close(g, np.cos(xs[RANK]) if RANK else np.zeros(N), rtol=1e-12)
+    _, t = MODES[mode](lambda x, v: jax.jvp(loss, (x,), (v,)))(xs[RANK], vs[RANK])
+    assert_close(t, sum(np.vdot(np.cos(x), v) for x, v in zip(xs[1:], vs[1:], strict=True)) if RANK == 0 else 0.0)
+
+
+def test_grad_through_scan_receiving_into_a_constant(comm):
+    """A receive into a constant buffer depends on nothing that changes in its
+    loop: JAX would hoist it out of a differentiated scan, and the sender's
+    loop would then wait for receives that never come."""
+
+    def body(c, _):
+        return jnp.sin(c) * ring(c, comm, template=jnp.zeros(N)), None
+
+    def with_scan(x):
+        return jnp.sum(lax.scan(body, x, None, length=3)[0])
+
+    def unrolled(x):
+        for _ in range(3):
+            x = body(x, None)[0]
+        return jnp.sum(x)
+
+    x = jnp.arange(N) * 0.1 + RANK * 0.01
+    assert_close(jax.jit(jax.grad(with_scan))(x), jax.jit(jax.grad(unrolled))(x), rtol=1e-12)
 
 
 # Control flow, checkpointing and solvers.

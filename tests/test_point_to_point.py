@@ -11,6 +11,9 @@ import mpijax
 
 from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
 
+# A receive that waits for a message that never comes fails, not hangs.
+pytestmark = pytest.mark.usefixtures("watchdog")
+
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
 
@@ -90,6 +93,40 @@ def test_sendrecv_status(comm, mode):
     f = lambda x: mpijax.sendrecv(x, x, PREV, NEXT, sendtag=RANK, comm=comm, status=status)  # noqa: E731
     jax.block_until_ready(MODES[mode](f)(x))
     assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.SHORT)) == (PREV, PREV, 3)
+
+
+@pytest.mark.parametrize("op", ["recv", "sendrecv"])
+def test_a_fresh_status_per_eager_call(comm, op):
+    """1,000 eager calls, each with a new MPI.Status: after the first, nothing
+    compiles, compiled programs keep no reference to the statuses, and each
+    is filled in from its own message."""
+    from mpijax._src.ops import point_to_point
+
+    x = jnp.zeros(2, jnp.int32)
+
+    def call(i):
+        status = MPI.Status()
+        tag = i % 7 if op == "recv" else 3  # sendrecv compiles once per sendtag (a static parameter)
+        if op == "recv":
+            comm.Send(np.full(2, i, np.int32), NEXT, tag=tag)
+            y = mpijax.recv(x, comm=comm, status=status)
+        else:
+            y = mpijax.sendrecv(x + i, x, MPI.ANY_SOURCE, NEXT, sendtag=tag, comm=comm, status=status)
+        assert (status.Get_source(), status.Get_tag(), status.Get_count(MPI.INT)) == (PREV, tag, 2)
+        assert_equal(y, np.full(2, i, np.int32))
+
+    call(0)
+    kept = len(point_to_point._statuses)
+    compiles = []
+    listener = lambda event, seconds, **kw: compiles.append(event)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        for i in range(1, 1000):
+            call(i)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert "/jax/core/compile/backend_compile_duration" not in compiles
+    assert len(point_to_point._statuses) == kept
 
 
 def test_tags_select_messages(comm):

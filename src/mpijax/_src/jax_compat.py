@@ -1,5 +1,8 @@
 """Every use of JAX's private API, in one place (JAX 0.10 and newer)."""
 
+import contextvars
+import sys
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -18,6 +21,11 @@ abstract_token = getattr(jax.ffi, "abstract_token", None) or _core.abstract_toke
 # Eager evaluation of a primitive: compile it alone and run it, with the
 # runtime tokens of ordered effects threaded between calls.
 apply_primitive = _dispatch.apply_primitive
+
+
+def is_eager():
+    """Whether a primitive bound now runs at once (no transformation traces it)."""
+    return isinstance(_core.trace_ctx.trace, _core.EvalTrace)
 
 
 # Whether JAX has started its backends (after which devices are fixed).
@@ -60,22 +68,81 @@ def reuse_runtime_tokens_in_place():
     token_set.get_token_input = get_token_input
 
 
-def align_with_transformation(args):
-    """Under differentiation, give every floating-point operand a tangent.
+def align_with_transformation(args, vmap=True):
+    """Make a transformation apply to an MPI call on every rank alike.
 
     JAX applies a primitive's JVP rule only where some operand has a tangent,
-    which can differ between ranks (a receive buffer is often a constant),
-    while the tangent's MPI call must be made on every rank. So every
-    floating-point operand gets a tangent, zero where it had none. In reverse
-    mode that zero must count as linear for the transposed call to run too: a
-    frozen new ref does (jax.new_ref / jax.freeze).
+    and its batching rule only where some operand is batched, which can differ
+    between ranks (a receive buffer is often a constant), while the call must
+    be the same on every rank. So under differentiation every floating-point
+    operand gets a tangent, zero where it had none (in reverse mode that zero
+    must count as linear for the transposed call to run too: a frozen new ref
+    does), and under vmap (unless `vmap` is False) every operand is batched.
     """
     trace = _core.trace_ctx.trace
     if isinstance(trace, _ad.JVPTrace):
         return [_with_tangent(trace, x, _ad.JVPTracer, trace.parent_trace, _zeros) for x in args]
     if isinstance(trace, _ad.LinearizeTrace):
         return [_with_tangent(trace, x, _ad.LinearizeTracer, trace.tangent_trace, _linear_zeros) for x in args]
+    if vmap and isinstance(trace, _batching.BatchTrace):
+        return [_batched(trace, x) for x in args]
     return args
+
+
+# The partial evaluation under way in which MPI calls are never evaluated
+# early: its parent trace, and whether it is linear_transpose's.
+_staging_under = contextvars.ContextVar("mpijax_staging_under", default=(None, False))
+
+
+def _stages_every_mpi_call(trace_to_jaxpr):
+    """`pe.trace_to_jaxpr_nounits` runs a function on partially known values
+    and evaluates at once whatever depends on known values only. JAX uses it
+    in linear_transpose, where a call whose operands are constants on one
+    rank would run at trace time there but be transposed on the others, and
+    to hoist loop-invariant work out of a scan under differentiation, which
+    would take a receive into a constant buffer out of its loop (and the
+    sender's loop would wait forever). Under it, MPI calls are staged."""
+
+    def wrapper(*args, **kwargs):
+        linear = sys._getframe(1).f_code.co_name == "linear_transpose"
+        token = _staging_under.set((_core.trace_ctx.trace, linear))
+        try:
+            return trace_to_jaxpr(*args, **kwargs)
+        finally:
+            _staging_under.reset(token)
+
+    return wrapper
+
+
+_pe.trace_to_jaxpr_nounits = _stages_every_mpi_call(_pe.trace_to_jaxpr_nounits)
+
+
+def stage_mpi_calls(primitive, check_transposable=None):
+    """Partial evaluation of `primitive`: JAX's default, except under
+    pe.trace_to_jaxpr_nounits, where the call is always staged, with its
+    floating-point constants as linear values (a frozen new ref), so that
+    linear_transpose transposes it on every rank. There
+    `check_transposable(**params)` may raise first, on every rank alike,
+    before any MPI call has run."""
+
+    def rule(trace, *tracers, **params):
+        parent, linear = _staging_under.get()
+        if parent is trace.parent_trace:
+            if linear and check_transposable:
+                check_transposable(**params)
+            if all(t.pval.is_known() for t in tracers):
+                with _core.set_current_trace(trace):
+                    tracers = [_staged(trace, t) for t in tracers]
+        return trace.default_process_primitive(primitive, tracers, params)
+
+    _pe.custom_partial_eval_rules[primitive] = rule
+
+
+def _staged(trace, tracer):
+    staged = trace.instantiate_const(tracer)
+    if jnp.issubdtype(staged.aval.dtype, jnp.inexact):
+        return jax.freeze(jax.new_ref(staged))
+    return staged
 
 
 def batched_if_vmapped(x):

@@ -27,19 +27,31 @@ jax_compat.reuse_runtime_tokens_in_place()
 
 
 class MpiPrimitive(jax_compat.Primitive):
-    """A primitive that makes MPI calls. Under differentiation its operands
-    are first aligned with the transformation, so that every rank makes the
-    same calls whatever its own operands depend on."""
+    """A primitive that makes MPI calls. Under differentiation and vmap its
+    operands are first aligned with the transformation, so that every rank
+    makes the same calls whatever its own operands depend on."""
+
+    routed = False  # whether the last operand is a route (point_to_point.py), which is never aligned
 
     def bind(self, *args, **params):
-        return super().bind(*jax_compat.align_with_transformation(args), **params)
+        return super().bind(*self._aligned(args, vmap=True), **params)
+
+    def bind_primal(self, *args, **params):
+        """The primal call of a JVP rule. Under vmap it is batched only where
+        its operands are: jacfwd computes the primal inside its vmap, from
+        values that are unbatched on every rank, and needs it unbatched."""
+        return super().bind(*self._aligned(args, vmap=False), **params)
+
+    def _aligned(self, args, vmap):
+        n = len(args) - self.routed
+        return [*jax_compat.align_with_transformation(args[:n], vmap), *args[n:]]
 
 
 def _no_aliases(*avals, **params):
     return None
 
 
-def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None):
+def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None, routed=False, check_transposable=None):
     """A primitive for the FFI target ``mpijax_<name>``.
 
     outputs(*avals, **params) -> list of output avals (the token is added here).
@@ -47,8 +59,13 @@ def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None):
     alias, so the handler can work in place, or None.
     attributes: the params passed to the handler, as int64 attributes of the
     same name (default: all); the others only steer the Python rules.
+    routed: the last operand is a route (point_to_point.py).
+    check_transposable(**params): raises if linear_transpose cannot transpose
+    the call (jax_compat.stage_mpi_calls).
     """
     prim = MpiPrimitive(f"mpijax_{name}")
+    prim.routed = routed
+    prim.check_transposable = check_transposable or (lambda **params: None)
     prim.multiple_results = True
     prim.def_impl(partial(jax_compat.apply_primitive, prim))
     prim.def_effectful_abstract_eval(lambda *avals, **params: (outputs(*avals, **params), {mpi_effect}))
@@ -71,6 +88,7 @@ def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None):
 
     for platform in FFI_TARGETS:
         mlir.register_lowering(prim, lower, platform=platform.lower())
+    jax_compat.stage_mpi_calls(prim, prim.check_transposable)
     return prim
 
 
@@ -109,17 +127,23 @@ batching.primitive_batchers[join_p] = lambda args, dims: (join_p.bind(*args), []
 
 
 def local_primitive(name, impl):
-    """A pure, communication-free primitive computed by `impl(x, **params)`
-    (jnp code): the adjoints of the ops whose results are replicated."""
-    prim = jax_compat.Primitive(f"mpijax_{name}")
+    """A communication-free primitive computed by `impl(x, **params)` (jnp
+    code): the adjoints of the ops whose results are replicated. Their own
+    adjoints communicate, so they are MPI calls to JAX (aligned with every
+    transformation, never dead-code-eliminated, staged in linear_transpose):
+    otherwise a rank whose adjoint's result is unused would drop it, and skip
+    the collective that the other ranks make when transposing again."""
+    prim = MpiPrimitive(f"mpijax_{name}")
     prim.def_impl(impl)
 
     def abstract(x, **params):
         out = jax.eval_shape(partial(impl, **params), x)
-        return jax.core.ShapedArray(out.shape, out.dtype)
+        return jax.core.ShapedArray(out.shape, out.dtype), {mpi_effect}
 
-    prim.def_abstract_eval(abstract)
+    prim.def_effectful_abstract_eval(abstract)
+    # lower_fun passes the token through unchanged.
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
+    jax_compat.stage_mpi_calls(prim)
     return prim
 
 
@@ -127,7 +151,7 @@ def linear_jvp(prim):
     """The JVP of a linear primitive: the same call on the tangents."""
 
     def jvp(primals, tangents, **params):
-        return prim.bind(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **params)
+        return prim.bind_primal(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **params)
 
     return jvp
 

@@ -1,30 +1,102 @@
-"""send, recv, sendrecv: messages between two ranks."""
+"""send, recv, sendrecv: messages between two ranks.
 
+Every call takes a route operand last: the MPI_Status of an earlier receive,
+from which a peer given as ROUTED (and its tag) is read at run time. Every
+receive returns its own MPI_Status, its envelope, as data. So the derivatives
+of a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG answer whoever actually
+sent, under the tag it used.
+"""
+
+import ctypes
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import ad, batching
 from mpi4py import MPI
 
 from .. import comm as _comm
-from .. import dtypes, validation
+from .. import dtypes, jax_compat, validation
 from ..primitive import batch_operands, mpi_primitive
+from ..runtime import core
+
+ROUTED = core.ROUTED
+ENVELOPE = jax.core.ShapedArray((core.STATUS_BYTES,), np.uint8)
+
+
+def _receive_tag(params):
+    """The name of a receive's tag parameter."""
+    return "recvtag" if "recvtag" in params else "tag"
+
+
+def receives_from_anyone(params):
+    """Whether a receive's sender is known only once it has run."""
+    return "source" in params and (params["source"] == MPI.ANY_SOURCE or params[_receive_tag(params)] == MPI.ANY_TAG)
+
+
+def check_transposable(name):
+    def check(**params):
+        if receives_from_anyone(params):
+            raise NotImplementedError(
+                f"mpijax.{name}: jax.linear_transpose cannot transpose a receive from MPI.ANY_SOURCE or with "
+                "MPI.ANY_TAG: the transpose answers the rank that sent, under the tag it used, which only the "
+                "receive finds out, and linear_transpose does not run it. jax.grad, jax.vjp and jax.jacrev run it "
+                "first and then transpose it; for linear_transpose, pass source and tag"
+            )
+
+    return check
+
 
 # Receives write into their template's buffer (aliased): a loop carry then
 # needs no copy.
-send_p = mpi_primitive("send", lambda x, **p: [])
-recv_p = mpi_primitive("recv", lambda x, **p: [x], lambda x, **p: {0: 0})
-sendrecv_p = mpi_primitive("sendrecv", lambda sendbuf, recvbuf, **p: [recvbuf], lambda s, r, **p: {1: 0})
+send_p = mpi_primitive("send", lambda x, route, **p: [], routed=True)
+recv_p = mpi_primitive(
+    "recv",
+    lambda x, route, **p: [x, ENVELOPE],
+    lambda x, route, **p: {0: 0},
+    routed=True,
+    check_transposable=check_transposable("recv"),
+)
+sendrecv_p = mpi_primitive(
+    "sendrecv",
+    lambda sendbuf, recvbuf, route, **p: [recvbuf, ENVELOPE],
+    lambda s, r, route, **p: {1: 0},
+    routed=True,
+    check_transposable=check_transposable("sendrecv"),
+)
+
+
+@functools.cache
+def unrouted():
+    """The route operand of a call whose peers are known at trace time."""
+    with jax.ensure_compile_time_eval():
+        return jnp.zeros(ENVELOPE.shape, ENVELOPE.dtype)
+
 
 # Compiled programs write into these Status objects by address: keep them alive.
 _statuses = {}
 
 
 def _status_address(status, op):
+    """Where a compiled program writes `status`. An eager call writes none:
+    Python fills the status in from the call's envelope (_fill), so a fresh
+    MPI.Status per call neither compiles the call anew nor stays referenced."""
     if status is None:
         return 0
     if not isinstance(status, MPI.Status):
         raise TypeError(f"mpijax.{op}: status must be an mpi4py.MPI.Status or None, got {type(status).__name__}")
+    if jax_compat.is_eager():
+        return 0
     address = MPI._addressof(status)
     _statuses[address] = status
     return address
+
+
+def _fill(status, envelope):
+    """After an eager call (which then waits for the receive to finish)."""
+    if status is not None and not isinstance(envelope, jax.core.Tracer):
+        ctypes.memmove(MPI._addressof(status), np.asarray(envelope).ctypes.data, ENVELOPE.shape[0])
 
 
 def _source(source, comm, op):
@@ -40,7 +112,7 @@ def send(x, dest, *, tag=0, comm=None, token=validation.NOTSET):
     validation.no_token(token, "send")
     comm = _comm.resolve(comm, "send")
     x = dtypes.array(x, "send")
-    send_p.bind(x, comm=comm.id, dest=_dest(dest, comm, "send"), tag=validation.tag(tag, "tag", "send"))
+    send_p.bind(x, unrouted(), comm=comm.id, dest=_dest(dest, comm, "send"), tag=validation.tag(tag, "tag", "send"))
 
 
 def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, token=validation.NOTSET):
@@ -56,7 +128,9 @@ def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, t
         tag=validation.tag(tag, "tag", "recv", allow_any=True),
         status=_status_address(status, "recv"),
     )
-    return recv_p.bind(x, **params)[0]
+    y, envelope = recv_p.bind(x, unrouted(), **params)
+    _fill(status, envelope)
+    return y
 
 
 def sendrecv(
@@ -76,32 +150,40 @@ def sendrecv(
         recvtag=validation.tag(recvtag, "recvtag", "sendrecv", allow_any=True),
         status=_status_address(status, "sendrecv"),
     )
-    return sendrecv_p.bind(sendbuf, recvbuf, **params)[0]
+    y, envelope = sendrecv_p.bind(sendbuf, recvbuf, unrouted(), **params)
+    _fill(status, envelope)
+    return y
 
 
 def _jvp(prim):
-    """Linear: the tangents travel the same way, in a second message that the
-    status does not describe."""
+    """Linear: the tangents travel the same way, in a second message, which a
+    receive from anyone takes from the sender of the value (routed by the
+    value's envelope). The status describes the value's message only."""
 
     def jvp(primals, tangents, **params):
-        if params.get("source") == MPI.ANY_SOURCE:
-            raise NotImplementedError(
-                f"mpijax.{prim.name[len('mpijax_') :]}: cannot differentiate a receive from "
-                "MPI.ANY_SOURCE (the tangent must come from the same rank as the value); "
-                "pass the source rank"
-            )
-        tangent_params = {**params, "status": 0} if "status" in params else params
-        return prim.bind(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **tangent_params)
+        outs = prim.bind_primal(*primals, **params)
+        route, tangent_params = primals[-1], dict(params)
+        if "status" in params:
+            tangent_params["status"] = 0
+        if receives_from_anyone(params):
+            route = outs[-1]
+            tangent_params.update({"source": ROUTED, _receive_tag(params): ROUTED})
+        tangent_outs = prim.bind(*map(ad.instantiate_zeros, tangents[:-1]), route, **tangent_params)
+        return outs, [*tangent_outs[:1], ad.Zero(ENVELOPE.to_tangent_aval())][: len(outs)]
 
     return jvp
 
 
 def _batcher(prim):
-    """One message carries the whole batch, batch axis first."""
+    """One message carries the whole batch, batch axis first; its route is
+    the status of one such message."""
 
     def rule(args, dims, **params):
-        outs = prim.bind(*batch_operands(args, dims, [0] * len(args)), **params)
-        return outs, [0] * len(outs)
+        *data, route = args
+        if dims[-1] is not None:
+            raise NotImplementedError(f"{prim.name}: vmap over the envelope of a receive is not supported")
+        outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
+        return outs, [0, None][: len(outs)]
 
     return rule
 

@@ -86,7 +86,7 @@ def _allreduce_jvp(primals, tangents, *, comm, op):
     if op == SUM:
         return linear_jvp(allreduce_p)(primals, tangents, comm=comm, op=op)
     (x,), (t,) = primals, tangents
-    y = allreduce_p.bind(x, comm=comm, op=op)
+    y = allreduce_p.bind_primal(x, comm=comm, op=op)
     w = _weights(x, y[0], comm, op)
     return y, allreduce_p.bind(w * ad.instantiate_zeros(t), comm=comm, op=SUM)
 
@@ -98,9 +98,9 @@ def _reduce_jvp(primals, tangents, *, comm, op, root):
     t = ad.instantiate_zeros(t)
     root_here = _comm.info(comm).rank == root
     if op == PROD:
-        y, everywhere = reduce_p.bind(x, comm=comm, op=op, root=root), None
+        y, everywhere = reduce_p.bind_primal(x, comm=comm, op=op, root=root), None
     else:  # MIN and MAX compare with the result on every rank
-        (everywhere,) = allreduce_p.bind(x, comm=comm, op=op)
+        (everywhere,) = allreduce_p.bind_primal(x, comm=comm, op=op)
         y = [everywhere if root_here else x]
     # Off the root the result is x, whose tangent is t.
     w = _weights(x, everywhere, comm, op)
@@ -112,7 +112,7 @@ def _scan_jvp(primals, tangents, *, comm, op, reverse, exclusive):
     if op == SUM:
         return linear_jvp(scan_p)(primals, tangents, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
     (x,), (t,) = primals, tangents
-    y = scan_p.bind(x, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+    y = scan_p.bind_primal(x, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
     return y, [_gathered_tangent(x, ad.instantiate_zeros(t), comm, op, reverse, exclusive)]
 
 

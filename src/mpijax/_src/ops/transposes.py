@@ -9,7 +9,6 @@ match), made whether or not the cotangent is symbolically zero.
 
 import jax.numpy as jnp
 from jax.interpreters import ad, batching
-from mpi4py import MPI
 
 from .. import comm as _comm
 from .. import jax_compat
@@ -75,41 +74,36 @@ def _scan(cts, x, *, comm, op, reverse, exclusive):
     return scan_p.bind(_ct(cts), comm=comm, op=op, reverse=1 - reverse, exclusive=0)
 
 
-def _send(cts, x, *, comm, dest, tag):
-    # The cotangent comes back from dest, under the tag the value left with.
+def _send(cts, x, route, *, comm, dest, tag):
+    # The cotangent comes back from dest (or the routed peer), under the tag
+    # the value left with.
     template = jax_compat.transposed_receive_buffer(x.aval)
-    return recv_p.bind(template, comm=comm, source=dest, tag=tag, status=0)
+    back, _ = recv_p.bind(template, route, comm=comm, source=dest, tag=tag, status=0)
+    return [back, None]
 
 
-def _transposed_tag(tag, fallback):
-    """A receive's cotangent goes back under the tag it came with; for
-    MPI.ANY_TAG, mpijax assumes the sender used `fallback`."""
-    return fallback if tag == MPI.ANY_TAG else tag
+# A receive from anyone is transposed only after it ran, routed by its
+# envelope (its JVP's tangent receive): this one never did.
+def _recv(cts, x, route, *, comm, source, tag, status):
+    recv_p.check_transposable(source=source, tag=tag)
+    send_p.bind(_ct(cts), route, comm=comm, dest=source, tag=tag)
+    return [ad.Zero(x.aval), None]
 
 
-def _recv(cts, x, *, comm, source, tag, status):
-    if source == MPI.ANY_SOURCE:
-        raise NotImplementedError("mpijax.recv: cannot transpose a receive from MPI.ANY_SOURCE; pass the source rank")
-    send_p.bind(_ct(cts), comm=comm, dest=source, tag=_transposed_tag(tag, 0))
-    return [ad.Zero(x.aval)]
-
-
-def _sendrecv(cts, sendbuf, recvbuf, *, comm, source, dest, sendtag, recvtag, status):
-    if source == MPI.ANY_SOURCE:
-        raise NotImplementedError(
-            "mpijax.sendrecv: cannot transpose a receive from MPI.ANY_SOURCE; pass the source rank"
-        )
-    (back,) = sendrecv_p.bind(
+def _sendrecv(cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status):
+    sendrecv_p.check_transposable(source=source, recvtag=recvtag)
+    back, _ = sendrecv_p.bind(
         _ct(cts),
         jax_compat.transposed_receive_buffer(sendbuf.aval),
+        route,
         comm=comm,
         source=dest,
         dest=source,
-        sendtag=_transposed_tag(recvtag, sendtag),
+        sendtag=recvtag,
         recvtag=sendtag,
         status=0,
     )
-    return [back, ad.Zero(recvbuf.aval)]
+    return [back, ad.Zero(recvbuf.aval), None]
 
 
 ad.primitive_transposes.update(
