@@ -1,12 +1,13 @@
 """MPI for JAX: MPI operations inside jax.jit, in program order."""
 
-from . import experimental, tokens  # noqa: F401  (mpijax.tokens: the token API)
+# mpijax.tokens: the token API; notoken and experimental.notoken: where mpi4jax 0.5-0.7 kept the token-free one
+from . import experimental, notoken, tokens  # noqa: F401
 from ._src.gpu import bind_local_gpu
 from ._src.ops import transposes as _transposes  # noqa: F401  (registers the transpose rules)
 from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, reduce, scan
-from ._src.runtime import call_stats, has_cuda_support, set_check, set_cuda_aware, set_timeout
+from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,7 @@ __all__ = [
     "call_stats",
     "gather",
     "has_cuda_support",
+    "has_sycl_support",
     "recv",
     "reduce",
     "scan",
