@@ -88,7 +88,7 @@ def test_debug_environment_variable(tmp_path, variable):
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         # not anchored to line ends: MPICH's hydra may join the ranks' lines
-        assert re.search(rf"mpijax r{rank} \| allreduce \| 3 x float32 \| 12 B \| [\d.]+ us", result.stderr)
+        assert re.search(rf"mpijax r{rank} \| allreduce \| op SUM \| 3 x float32 \| 12 B \| [\d.]+ us", result.stderr)
     quiet = mpirun(tmp_path, program, env={variable: "0"})
     assert "mpijax r" not in quiet.stderr
 
