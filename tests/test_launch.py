@@ -189,6 +189,14 @@ def test_seed_send_recv_with_tokens(tmp_path, n):
 
 
 @pytest.mark.parametrize("n", [2, 4])
+def test_seed_capitalised_api(tmp_path, n):
+    """mpi4jax 0.2's README example with `import mpijax as mpi4jax`."""
+    result, out = run_example(tmp_path, SEED / "capitalised_api.py", n)
+    assert result.returncode == 0, result.stderr
+    assert out == [f"rank {r}: Allreduce {float(n)}, jitted {float(n)}\n" for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
 def test_seed_mpi4py_and_mpijax_on_separate_communicators(tmp_path, n):
     result, out = run_example(tmp_path, SEED / "mpi4py_and_mpijax.py", n)
     assert result.returncode == 0, result.stderr

@@ -8,10 +8,15 @@ from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, s
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, reduce, scan
 from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
+from ._src.seed_api import Allreduce, Recv, Send, Sendrecv  # mpi4jax 0.2
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Allreduce",
+    "Recv",
+    "Send",
+    "Sendrecv",
     "allgather",
     "allreduce",
     "alltoall",
