@@ -1,7 +1,8 @@
 """MPI for JAX: MPI operations inside jax.jit, in program order."""
 
-# mpijax.tokens: the token API; notoken and experimental.notoken: where mpi4jax 0.5-0.7 kept the token-free one
-from . import experimental, notoken, tokens  # noqa: F401
+# tokens: the token API of mpi4jax < 0.8; jpi: JPI's; notoken and experimental.notoken: where mpi4jax
+# 0.5-0.7 kept their token-free ops
+from . import experimental, jpi, notoken, tokens  # noqa: F401
 from ._src.gpu import bind_local_gpu
 from ._src.ops import transposes as _transposes  # noqa: F401  (registers the transpose rules)
 from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
