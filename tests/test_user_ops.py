@@ -3,6 +3,7 @@ reduce and scan: MPI applies the user's function, against NumPy folds of
 every rank's input."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -21,17 +22,22 @@ def odot(a, b):
     return a + b + a * b
 
 
+# dtype name -> the name of the MPI datatype that the user function was given
+SEEN = {}
+
+
 def user_op(fn, dtype, commute=True):
     """An MPI.Op that sets inoutbuf = fn(inbuf, inoutbuf) on arrays of dtype."""
 
     def apply(inbuf, inoutbuf, datatype):
+        SEEN[np.dtype(dtype).name] = datatype.Get_name()
         out = np.frombuffer(inoutbuf, dtype)
         out[:] = fn(np.frombuffer(inbuf, dtype), out)
 
     return MPI.Op.Create(apply, commute=commute)
 
 
-DTYPES = ["float64", "int32", "float16"]  # float16 reaches the function as 2-byte words
+DTYPES = ["float64", "int32", "float16", "bfloat16"]
 ODOT = {dtype: user_op(odot, np_dtype(dtype)) for dtype in DTYPES}
 # MPI folds a non-commutative op in rank order: x_0 op x_1 op ..., here x_0.
 FIRST = user_op(lambda a, b: a, np.float64, commute=False)
@@ -65,6 +71,21 @@ def test_results(comm, mode, name, root, dtype):
     xs = all_data((5, 2), dtype)
     result = MODES[mode](lambda x: run(name, x, ODOT[dtype], root, comm))(xs[RANK])
     assert_equal(result, expected(name, odot, xs, root))
+
+
+@pytest.mark.skipif(SIZE == 1, reason="MPI applies the op only to values of two ranks")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_floats_reach_the_function_as_uint16(comm, dtype):
+    """MPI has no 16-bit float type: the function reads the bytes with the dtype it knows."""
+    SEEN.pop(dtype, None)
+    jax.block_until_ready(mpijax.allreduce(all_data((3,), dtype)[RANK], ODOT[dtype], comm=comm))
+    assert SEEN[np.dtype(np_dtype(dtype)).name] == MPI.UINT16_T.Get_name()
+
+
+def test_the_program_carries_a_small_id_not_the_handle(comm):
+    text = jax.jit(lambda x: mpijax.allreduce(x, ODOT["float64"], comm=comm)).lower(jnp.ones(2)).as_text()
+    (op,) = re.findall(r"op = (-?\d+) : i64", text)
+    assert 10 <= int(op) < 10 + 100, text  # after the 10 predefined codes
 
 
 @pytest.mark.parametrize("mode", MODES)
