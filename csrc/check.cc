@@ -49,9 +49,7 @@ std::string Array(const Signature& s) {
 
 std::string Collective(const Signature& s) {
   std::string text = s.op;
-  if (s.reduction >= 0 && s.reduction < kNumReductions) {
-    text += std::string("(") + ReductionName(static_cast<Reduction>(s.reduction)) + ")";
-  }
+  if (s.reduction != kUnset) text += "(" + ReductionLabel(s.reduction) + ")";
   text += " of " + Array(s);
   if (s.root != kUnset) text += " with root " + std::to_string(s.root);
   return text;

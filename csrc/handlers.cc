@@ -79,8 +79,15 @@ Element ElementOf(ffi::DataType t) {
 
 MPI_Datatype TypeOf(const ffi::AnyBuffer& x) { return ElementOf(x.element_type()).type; }
 
+// The MPI_Op of a reduction code; MPI_OP_NULL (MPI_ERR_OP) for an unknown one.
 MPI_Op OpOf(int64_t code, const ffi::AnyBuffer& x) {
-  if (code < 0 || code >= kNumReductions) return MPI_OP_NULL;
+  if (code >= kFirstUserOp) {
+    // The user's operator sees the MPI type TypeOf(x): 16-bit floats as
+    // MPI_UINT16_T words, since MPI has no type for them.
+    MPI_Op op = MPI_OP_NULL;
+    return LookupOp(code - kFirstUserOp, &op) ? op : MPI_OP_NULL;
+  }
+  if (code < 0) return MPI_OP_NULL;
   const auto r = static_cast<Reduction>(code);
   switch (x.element_type()) {
     case ffi::F16:

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string>
 
+#include "reductions.h"
+
 namespace mpijax {
 namespace {
 
@@ -33,6 +35,7 @@ void SetLogEnabled(bool on) { enabled.store(on, std::memory_order_relaxed); }
 void LogCall(const CallInfo& call, int rank, double seconds, int error_code) {
   std::string line = "mpijax r" + std::to_string(rank) + " | " + call.op;
   Append(line, "root", call.root);
+  if (call.reduction != kUnset) line += " | op " + ReductionLabel(call.reduction);
   Append(line, "dest", call.dest);
   Append(line, "source", call.source);
   Append(line, "sendtag", call.send_tag);

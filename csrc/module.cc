@@ -126,6 +126,16 @@ NB_MODULE(_core, m) {
       },
       "Id of an mpi4py communicator in the handlers' registry.");
 
+  m.def(
+      "register_op",
+      [mpi4py_error](nb::handle op) {
+        if (!mpi4py_error.empty()) throw std::runtime_error("mpi4py's C API: " + mpi4py_error);
+        MPI_Op* handle = PyMPIOp_Get(op.ptr());
+        if (!handle) throw nb::python_error();
+        return kFirstUserOp + RegisterOp(*handle);
+      },
+      "Reduction code of a user-defined mpi4py MPI.Op (MPI.Op.Create).");
+
   m.def("reductions", [] {
     nb::dict codes;
     for (int i = 0; i < kNumReductions; ++i) codes[ReductionName(static_cast<Reduction>(i))] = i;

@@ -91,6 +91,12 @@ const char* ReductionName(Reduction r) {
   return kNames[static_cast<int>(r)];
 }
 
+std::string ReductionLabel(int code) {
+  if (code >= kFirstUserOp) return "user-defined #" + std::to_string(code - kFirstUserOp);
+  if (code >= 0) return ReductionName(static_cast<Reduction>(code));
+  return "op " + std::to_string(code);
+}
+
 MPI_Op PredefinedOp(Reduction r) {
   switch (r) {
     case Reduction::kSum:

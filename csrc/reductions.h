@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <string>
+
 namespace mpijax {
 
 enum class Reduction : int { kSum, kProd, kMin, kMax, kLand, kLor, kLxor, kBand, kBor, kBxor };
@@ -11,6 +13,13 @@ inline constexpr int kNumReductions = 10;
 
 // The name of the matching mpi4py constant (MPI.SUM, ...).
 const char* ReductionName(Reduction r);
+
+// Codes from kFirstUserOp on name user-defined operators: kFirstUserOp plus
+// their id in the registry (registry.h).
+inline constexpr int kFirstUserOp = kNumReductions;
+
+// What logs and messages call the operator of `code`: "SUM", "user-defined #2".
+std::string ReductionLabel(int code);
 
 // The predefined MPI operator.
 MPI_Op PredefinedOp(Reduction r);

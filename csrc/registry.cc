@@ -7,11 +7,40 @@
 namespace mpijax {
 namespace {
 
-std::mutex mutex;
+// Handles of one kind, each under the index it was first registered at.
+template <class Handle>
+class Table {
+ public:
+  int64_t Register(Handle handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < handles_.size(); ++i) {
+      if (handles_[i] == handle) return static_cast<int64_t>(i);
+    }
+    handles_.push_back(handle);
+    return static_cast<int64_t>(handles_.size() - 1);
+  }
+
+  bool Lookup(int64_t id, Handle* handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (id < 0 || id >= static_cast<int64_t>(handles_.size())) return false;
+    *handle = handles_[id];
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Handle> handles_;
+};
+
 // Never destroyed: handlers may run after static destructors.
-std::vector<MPI_Comm>& Comms() {
-  static auto* comms = new std::vector<MPI_Comm>();
+Table<MPI_Comm>& Comms() {
+  static auto* comms = new Table<MPI_Comm>();
   return *comms;
+}
+
+Table<MPI_Op>& Ops() {
+  static auto* ops = new Table<MPI_Op>();
+  return *ops;
 }
 
 int FreeReversed(MPI_Comm, int, void* attribute, void*) {
@@ -25,22 +54,17 @@ int FreeReversed(MPI_Comm, int, void* attribute, void*) {
 
 int64_t RegisterComm(MPI_Comm comm) {
   if (comm == MPI_COMM_NULL) throw std::invalid_argument("cannot register MPI_COMM_NULL");
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& comms = Comms();
-  for (size_t i = 0; i < comms.size(); ++i) {
-    if (comms[i] == comm) return static_cast<int64_t>(i);
-  }
-  comms.push_back(comm);
-  return static_cast<int64_t>(comms.size() - 1);
+  return Comms().Register(comm);
 }
 
-bool LookupComm(int64_t id, MPI_Comm* comm) {
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto& comms = Comms();
-  if (id < 0 || id >= static_cast<int64_t>(comms.size())) return false;
-  *comm = comms[id];
-  return true;
+bool LookupComm(int64_t id, MPI_Comm* comm) { return Comms().Lookup(id, comm); }
+
+int64_t RegisterOp(MPI_Op op) {
+  if (op == MPI_OP_NULL) throw std::invalid_argument("cannot register MPI_OP_NULL");
+  return Ops().Register(op);
 }
+
+bool LookupOp(int64_t id, MPI_Op* op) { return Ops().Lookup(id, op); }
 
 int ReversedComm(MPI_Comm comm, MPI_Comm* reversed) {
   static const int keyval = [] {

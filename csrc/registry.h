@@ -1,6 +1,6 @@
-// Compiled programs name a communicator by a small id, never by a raw handle:
-// ids are stable for the life of the process and an unknown id is an error
-// rather than a dangling pointer.
+// Compiled programs name a communicator, or a user-defined reduction
+// operator, by a small id, never by a raw handle: ids are stable for the life
+// of the process and an unknown id is an error rather than a dangling pointer.
 #pragma once
 
 #include <mpi.h>
@@ -15,6 +15,11 @@ int64_t RegisterComm(MPI_Comm comm);
 
 // False when `id` was never registered.
 bool LookupComm(int64_t id, MPI_Comm* comm);
+
+// The same for user-defined reduction operators (mpi4py's MPI.Op.Create).
+// Throws std::invalid_argument for MPI_OP_NULL.
+int64_t RegisterOp(MPI_Op op);
+bool LookupOp(int64_t id, MPI_Op* op);
 
 // `comm` with its ranks in reverse order, for suffix scans. Created on first
 // use by MPI_Comm_split, which is collective: call it where every rank of

@@ -33,6 +33,7 @@ MPI4JAX_SIGNATURES = {
     "sendrecv": f"(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag={MPI.ANY_TAG}, comm=None, status=None, "
     "token=NOTSET)",
     "has_cuda_support": "()",
+    "has_sycl_support": "()",
 }
 # mpijax's own additions: the reliability switches (docs/failure-modes.md)
 # and the GPU helpers (docs/gpu.md).
@@ -47,9 +48,57 @@ MPIJAX_EXTRAS = {
 
 def test_public_names_and_signatures():
     public = MPI4JAX_SIGNATURES | MPIJAX_EXTRAS
-    assert sorted(mpijax.__all__) == sorted(public)
+    seed = ["Allreduce", "Recv", "Send", "Sendrecv"]  # mpi4jax 0.2's API: tests/test_seed_api.py
+    assert sorted(mpijax.__all__) == sorted([*public, *seed])
     for name, signature in public.items():
         assert str(inspect.signature(getattr(mpijax, name))) == signature, name
+
+
+# Every public name of mpi4jax 0.9.1: the __all__ of its mpi4jax/__init__.py
+# (its only public module; everything else lives in mpi4jax._src).
+MPI4JAX_091_PUBLIC = [
+    "allgather", "allreduce", "alltoall", "barrier", "bcast", "gather", "recv", "reduce", "scan",
+    "scatter", "send", "sendrecv", "has_cuda_support", "has_sycl_support",
+]  # fmt: skip
+# mpi4jax 0.5-0.6 held the token-free ops in mpi4jax.experimental.notoken, 0.7
+# in mpi4jax.notoken (the __all__ of those modules); 0.8 made them the top level.
+MPI4JAX_NOTOKEN = [
+    "allgather", "allreduce", "alltoall", "barrier", "bcast", "gather", "recv", "reduce", "scan",
+    "scatter", "send", "sendrecv",
+]  # fmt: skip
+
+
+def test_every_public_name_of_mpi4jax_0_9_1():
+    namespace = {}
+    exec("from mpijax import *", namespace)
+    for name in MPI4JAX_091_PUBLIC:
+        assert callable(namespace[name]), name
+    assert isinstance(mpijax.__version__, str)
+    assert mpijax.has_sycl_support() is False
+
+
+def test_notoken_modules_of_mpi4jax_0_5_to_0_7():
+    import mpijax.experimental.notoken
+    import mpijax.notoken
+
+    for module in (mpijax.experimental.notoken, mpijax.notoken):
+        assert sorted(module.__all__) == sorted(MPI4JAX_NOTOKEN)
+        for name in MPI4JAX_NOTOKEN:
+            assert getattr(module, name) is getattr(mpijax, name), (module, name)
+    y = mpijax.experimental.notoken.allreduce(jnp.full(2, RANK + 1.0), op=MPI.SUM)
+    np.testing.assert_array_equal(y, np.full(2, SIZE * (SIZE + 1) / 2))
+
+
+def test_error_messages_keep_mpi4jax_words():
+    """mpi4jax's tests look for these phrases in the exception text."""
+    with pytest.raises(ValueError) as error:
+        mpijax.alltoall(jnp.zeros((SIZE + 1, 2)))
+    assert "must have shape (nproc, ...)" in str(error.value)
+    root = SIZE - 1
+    if RANK == root:  # only the root knows the shape it scatters
+        with pytest.raises(ValueError) as error:
+            jax.jit(lambda x: mpijax.scatter(x, root))(jnp.zeros((SIZE + 1, 2)))
+        assert str(error.value).startswith("mpijax.scatter: Scatter input must have shape (nproc, ...) on the root")
 
 
 def test_cuda_support_is_what_the_build_has():

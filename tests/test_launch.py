@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from reference import SIZE, fresh_job_env
@@ -88,7 +89,7 @@ def test_debug_environment_variable(tmp_path, variable):
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         # not anchored to line ends: MPICH's hydra may join the ranks' lines
-        assert re.search(rf"mpijax r{rank} \| allreduce \| 3 x float32 \| 12 B \| [\d.]+ us", result.stderr)
+        assert re.search(rf"mpijax r{rank} \| allreduce \| op SUM \| 3 x float32 \| 12 B \| [\d.]+ us", result.stderr)
     quiet = mpirun(tmp_path, program, env={variable: "0"})
     assert "mpijax r" not in quiet.stderr
 
@@ -169,6 +170,34 @@ def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
         assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
 
 
+@pytest.mark.parametrize("n", [4, 3])
+def test_jpi_intro_example(tmp_path, n):
+    """JPI's README example on mpijax.jpi: each rank's line against the math.
+    Rank 0 holds 0..2n-1, rank r gets block [2r, 2r+1] and the last rank
+    doubles its block, so the total counts the last block twice; the gradient
+    reaches rank 0's array only, 2 on the last block."""
+    result, out = run_example(tmp_path, ROOT / "examples" / "jpi_intro.py", n)
+    assert result.returncode == 0, result.stderr
+    total = sum(range(2 * n)) + (2 * n - 2) + (2 * n - 1)
+    gradient = [np.r_[np.ones(2 * n - 2), 2, 2] if r == 0 else np.zeros(2 * n) for r in range(n)]
+    expected = [
+        f"Rank {r} has result {np.float32(total)} and gradient {gradient[r].astype(np.float32)}\n" for r in range(n)
+    ]
+    assert out == expected
+    if n == 4:  # what JPI's README says it prints
+        assert out[0] == "Rank 0 has result 41.0 and gradient [1. 1. 1. 1. 1. 1. 2. 2.]\n"
+        assert out[3] == "Rank 3 has result 41.0 and gradient [0. 0. 0. 0. 0. 0. 0. 0.]\n"
+
+
+def test_jpi_module_leaves_x64_alone():
+    """JPI's import turns on jax_enable_x64; mpijax.jpi's does not."""
+    code = "import jax, mpijax.jpi; print(jax.config.jax_enable_x64)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=fresh_job_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
 SEED = ROOT / "examples" / "seed"
 
 
@@ -186,6 +215,14 @@ def test_seed_send_recv_with_tokens(tmp_path, n):
     result, out = run_example(tmp_path, SEED / "send_recv_tokens.py", n)
     assert result.returncode == 0, result.stderr
     assert out == [f"{r} [{r ^ 1} {r ^ 1} {r ^ 1}]\n" for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_seed_capitalised_api(tmp_path, n):
+    """mpi4jax 0.2's README example with `import mpijax as mpi4jax`."""
+    result, out = run_example(tmp_path, SEED / "capitalised_api.py", n)
+    assert result.returncode == 0, result.stderr
+    assert out == [f"rank {r}: Allreduce {float(n)}, jitted {float(n)}\n" for r in range(n)]
 
 
 @pytest.mark.parametrize("n", [2, 4])

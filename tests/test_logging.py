@@ -45,7 +45,7 @@ def test_one_line_per_call_with_every_field(comm, log):
     assert len(lines) == 8, lines
     number = r"\d+\.\d+ us"
     expected = [
-        rf"mpijax r{RANK} \| allreduce \| 5 x float32 \| 20 B \| {number}",
+        rf"mpijax r{RANK} \| allreduce \| op SUM \| 5 x float32 \| 20 B \| {number}",
         rf"mpijax r{RANK} \| sendrecv \| dest {NEXT} \| source {PREV} \| sendtag 4 \| recvtag 4 "
         rf"\| 5 x float32 \| 20 B \| {number}",
         rf"mpijax r{RANK} \| bcast \| root {SIZE - 1} \| 2 x float32 \| 8 B \| {number}",
@@ -62,6 +62,20 @@ def test_send_recv_and_dtype_names(comm, log):
     send, recv = log()
     assert re.fullmatch(rf"mpijax r{RANK} \| send \| dest {RANK} \| sendtag 9 \| 6 x bfloat16 \| 12 B \| .* us", send)
     assert re.fullmatch(rf"mpijax r{RANK} \| recv \| source {RANK} \| recvtag 9 \| 6 x bfloat16 \| 12 B \| .* us", recv)
+
+
+def test_reductions_name_their_op(comm, log):
+    """Predefined ops by their mpi4py name, user-defined ones by registry id."""
+    user = MPI.Op.Create(lambda a, b, datatype: None, commute=True)  # leaves b: the result is x
+    x = jnp.ones(3, jnp.int32)
+    mpijax.reduce(x, MPI.BXOR, 0, comm=comm)
+    mpijax.scan(x, user, comm=comm)
+    mpijax.allreduce(x, user, comm=comm)
+    reduce, scan, allreduce = log()
+    user.Free()
+    assert re.fullmatch(rf"mpijax r{RANK} \| reduce \| root 0 \| op BXOR \| 3 x int32 \| 12 B \| .* us", reduce)
+    assert re.fullmatch(rf"mpijax r{RANK} \| scan \| op user-defined #\d+ \| 3 x int32 \| 12 B \| .* us", scan)
+    assert allreduce.split(" | ")[2] == scan.split(" | ")[2]
 
 
 def test_failed_call_is_marked(comm, log):

@@ -88,6 +88,10 @@ def test_check_mode_keeps_any_source_working(comm, check):
 X4 = jnp.ones(4, jnp.float32)
 
 
+# Never applied: check mode stops the call whose ranks disagree on the op.
+USER_OP = MPI.Op.Create(lambda a, b, datatype: None, commute=True)
+
+
 def disagreeing(rank_one, others):
     return rank_one if RANK == 1 else others
 
@@ -108,6 +112,10 @@ MISMATCHES = {
     "op": (
         lambda comm: mpijax.allreduce(jnp.ones(4, jnp.float32), disagreeing(MPI.MAX, MPI.SUM), comm=comm),
         r"rank 1 called allreduce\(MAX\) of float32\[4\]",
+    ),
+    "user-defined op": (
+        lambda comm: mpijax.allreduce(X4, disagreeing(USER_OP, MPI.SUM), comm=comm),
+        r"rank 1 called allreduce\(user-defined #\d+\) of float32\[4\]",
     ),
     "operation": (
         lambda comm: mpijax.allgather(X4, comm=comm) if RANK == 1 else mpijax.allreduce(X4, MPI.SUM, comm=comm),

@@ -45,7 +45,9 @@ def is_token(t):
 def test_signatures():
     for name, signature in TOKEN_SIGNATURES.items():
         assert str(inspect.signature(getattr(tokens, name))) == signature, name
-    assert sorted(TOKEN_SIGNATURES) == sorted(set(tokens.__all__) - {"gen_token", "create_token"})
+    extras = {"gen_token", "create_token", "has_cuda_support", "has_sycl_support"}
+    assert sorted(TOKEN_SIGNATURES) == sorted(set(tokens.__all__) - extras)
+    assert tokens.has_cuda_support is mpijax.has_cuda_support and tokens.has_sycl_support() is False
 
 
 def x_of(rank):

@@ -41,11 +41,31 @@ TEST(Registry, ReversedCommunicatorIsMadeOnceAndFreedWithItsParent) {
   MPI_Comm_free(&dup);
 }
 
+void Keep(void*, void*, int*, MPI_Datatype*) {}
+
+TEST(Registry, UserOpIdsAreStableAndDistinct) {
+  MPI_Op a, b;
+  ASSERT_EQ(MPI_Op_create(Keep, 1, &a), MPI_SUCCESS);
+  ASSERT_EQ(MPI_Op_create(Keep, 0, &b), MPI_SUCCESS);
+  const int64_t id = RegisterOp(a);
+  EXPECT_NE(RegisterOp(b), id);
+  EXPECT_EQ(RegisterOp(a), id);
+  MPI_Op found;
+  ASSERT_TRUE(LookupOp(id, &found));
+  EXPECT_EQ(found, a);
+  MPI_Op_free(&a);
+  MPI_Op_free(&b);
+}
+
 TEST(Registry, UnknownIdsAndNullAreRejected) {
   MPI_Comm found;
   EXPECT_FALSE(LookupComm(-1, &found));
   EXPECT_FALSE(LookupComm(1 << 30, &found));
   EXPECT_THROW(RegisterComm(MPI_COMM_NULL), std::invalid_argument);
+  MPI_Op op;
+  EXPECT_FALSE(LookupOp(-1, &op));
+  EXPECT_FALSE(LookupOp(1 << 30, &op));
+  EXPECT_THROW(RegisterOp(MPI_OP_NULL), std::invalid_argument);
 }
 
 }  // namespace

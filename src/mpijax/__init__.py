@@ -1,16 +1,23 @@
 """MPI for JAX: MPI operations inside jax.jit, in program order."""
 
-from . import experimental, tokens  # noqa: F401  (mpijax.tokens: the token API)
+# tokens: the token API of mpi4jax < 0.8; jpi: JPI's; notoken and experimental.notoken: where mpi4jax
+# 0.5-0.7 kept their token-free ops
+from . import experimental, jpi, notoken, tokens  # noqa: F401
 from ._src.gpu import bind_local_gpu
 from ._src.ops import transposes as _transposes  # noqa: F401  (registers the transpose rules)
 from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, reduce, scan
-from ._src.runtime import call_stats, has_cuda_support, set_check, set_cuda_aware, set_timeout
+from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
+from ._src.seed_api import Allreduce, Recv, Send, Sendrecv  # mpi4jax 0.2
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Allreduce",
+    "Recv",
+    "Send",
+    "Sendrecv",
     "allgather",
     "allreduce",
     "alltoall",
@@ -20,6 +27,7 @@ __all__ = [
     "call_stats",
     "gather",
     "has_cuda_support",
+    "has_sycl_support",
     "recv",
     "reduce",
     "scan",

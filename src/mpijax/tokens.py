@@ -14,10 +14,11 @@ from mpi4py import MPI
 
 from ._src.ops import collectives, point_to_point, reductions
 from ._src.primitive import current_token_p, join_p
+from ._src.runtime import has_cuda_support, has_sycl_support  # next to the token ops before 0.8 too
 
 __all__ = [
     "allgather", "allreduce", "alltoall", "barrier", "bcast", "create_token", "gather",
-    "gen_token", "recv", "reduce", "scan", "scatter", "send", "sendrecv",
+    "gen_token", "has_cuda_support", "has_sycl_support", "recv", "reduce", "scan", "scatter", "send", "sendrecv",
 ]  # fmt: skip
 
 

@@ -36,8 +36,16 @@ def _defined_reductions(dtype):
     return _ARITHMETIC  # complex
 
 
-def reduction_name(code):
-    return next(name for name, c in REDUCTIONS.items() if c == code)
+# Codes of user-defined ops (MPI.Op.Create) -> how messages name them.
+_USER_OPS: dict[int, str] = {}
+
+
+def reduction_label(code):
+    """What messages call the op of `code`: MPI.SUM, or a user-defined op as
+    the debug log and check mode name it (user-defined #<id>), with the object."""
+    if code in _USER_OPS:
+        return _USER_OPS[code]
+    return "MPI." + next(name for name, c in REDUCTIONS.items() if c == code)
 
 
 def check_dtype(dtype, op, arg="x"):
@@ -49,13 +57,22 @@ def check_dtype(dtype, op, arg="x"):
 
 
 def reduction_code(reduction, dtype, op):
-    """The C++ code of `reduction` (an mpi4py MPI.Op) for arrays of `dtype`."""
+    """The C++ code of `reduction` (an mpi4py MPI.Op) for arrays of `dtype`:
+    a predefined op where MPI defines it for the dtype, or a user-defined op."""
     name = None
     if isinstance(reduction, MPI.Op):
+        if not reduction.is_predefined:
+            # Made by MPI.Op.Create: MPI applies it to any type. The compiled
+            # program carries its registry id, never the handle.
+            code = core.register_op(reduction)
+            _USER_OPS[code] = f"user-defined #{code - len(REDUCTIONS)} ({reduction!r}, made by MPI.Op.Create)"
+            return code
         name = next((n for n in REDUCTIONS if reduction == getattr(MPI, n)), None)
     if name is None:
         choices = ", ".join(f"MPI.{n}" for n in REDUCTIONS)
-        raise ValueError(f"mpijax.{op}: op must be one of {choices}; got {reduction!r}")
+        raise ValueError(
+            f"mpijax.{op}: op must be one of {choices} or a user-defined MPI.Op (MPI.Op.Create); got {reduction!r}"
+        )
     defined = _defined_reductions(np.dtype(dtype))
     if name not in defined:
         raise TypeError(

@@ -114,6 +114,12 @@ def has_cuda_support():
     return "CUDA" in FFI_TARGETS
 
 
+def has_sycl_support():
+    """Always False: mpijax has no SYCL (Intel GPU) handlers. Kept for code
+    written for mpi4jax, which asks."""
+    return False
+
+
 def set_cuda_aware(enabled=True):
     """CUDA-aware mode: MPI moves device memory itself, instead of mpijax
     staging it through pinned host memory (the default). Needs an MPI library

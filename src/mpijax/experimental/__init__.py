@@ -3,6 +3,7 @@
 import functools
 
 from ..tokens import _after
+from . import notoken  # noqa: F401  (mpi4jax 0.5-0.6: mpi4jax.experimental.notoken)
 
 
 def auto_tokenize(f, token=None):

@@ -45,9 +45,10 @@ alltoall_p = mpi_primitive("alltoall", lambda x, **p: [x])
 barrier_p = mpi_primitive("barrier", lambda **p: [])
 
 
-def _leading_axis(x, comm, message):
+def _leading_axis(x, comm, message, detail=""):
+    # `message` starts with mpi4jax's own words, which code written for it matches.
     if x.ndim == 0 or x.shape[0] != comm.size:
-        raise ValueError(f"{message} must have shape (nproc, ...) with nproc={comm.size}; got shape {x.shape}")
+        raise ValueError(f"{message} must have shape (nproc, ...){detail} with nproc={comm.size}; got shape {x.shape}")
 
 
 def _rooted(name, x, root, comm):
@@ -77,7 +78,7 @@ def scatter(x, root, *, comm=None, token=validation.NOTSET):
     validation.no_token(token, "scatter")
     x, root, comm = _rooted("scatter", x, root, comm)
     if comm.rank == root:
-        _leading_axis(x, comm, "mpijax.scatter: Scatter input on the root")
+        _leading_axis(x, comm, "mpijax.scatter: Scatter input", " on the root")
     return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
 
 

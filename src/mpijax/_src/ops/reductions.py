@@ -70,19 +70,32 @@ def exclusive_scan(x, comm, op, reverse):
 # reduction is sum over ranks of w * dx, with weights w from the primal values.
 
 
+def _differentiable(op, name):
+    """Only the predefined arithmetic ops have derivatives here (the others
+    apply to integers, which have no tangents); a user-defined op's function
+    is opaque to JAX. Every floating-point operand has a tangent under
+    differentiation (jax_compat.align_with_transformation), so this raises on
+    every rank alike, at trace time."""
+    if op not in (SUM, PROD, MIN, MAX):
+        raise TypeError(
+            f"mpijax.{name}: cannot differentiate through op={dtypes.reduction_label(op)}: JAX cannot see "
+            "inside a user-defined reduction. Use MPI.SUM, MPI.PROD, MPI.MIN or MPI.MAX, or make this call "
+            "outside the function that jax.grad/jax.jvp transforms"
+        )
+
+
 def _weights(x, y, comm, op):
     """w for MIN/MAX (where y, the reduction, is known on every rank) and PROD."""
-    if op in (MIN, MAX):
-        # The derivative follows the arg max; ranks that tie share it equally.
-        hit = (x == y).astype(x.dtype)
-        return hit / allreduce_p.bind(hit, comm=comm, op=SUM)[0]
     if op == PROD:
         # The product of every other rank's value: exact where some are zero.
         return exclusive_scan(x, comm, PROD, False) * exclusive_scan(x, comm, PROD, True)
-    raise TypeError(f"mpijax: reductions with {dtypes.reduction_name(op)} are not differentiable")
+    # The derivative follows the arg max; ranks that tie share it equally.
+    hit = (x == y).astype(x.dtype)
+    return hit / allreduce_p.bind(hit, comm=comm, op=SUM)[0]
 
 
 def _allreduce_jvp(primals, tangents, *, comm, op):
+    _differentiable(op, "allreduce")
     if op == SUM:
         return linear_jvp(allreduce_p)(primals, tangents, comm=comm, op=op)
     (x,), (t,) = primals, tangents
@@ -92,6 +105,7 @@ def _allreduce_jvp(primals, tangents, *, comm, op):
 
 
 def _reduce_jvp(primals, tangents, *, comm, op, root):
+    _differentiable(op, "reduce")
     if op == SUM:
         return linear_jvp(reduce_p)(primals, tangents, comm=comm, op=op, root=root)
     (x,), (t,) = primals, tangents
@@ -109,6 +123,7 @@ def _reduce_jvp(primals, tangents, *, comm, op, root):
 
 
 def _scan_jvp(primals, tangents, *, comm, op, reverse, exclusive):
+    _differentiable(op, "scan")
     if op == SUM:
         return linear_jvp(scan_p)(primals, tangents, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
     (x,), (t,) = primals, tangents
