@@ -17,7 +17,7 @@ import mpijax
 from mpijax._src.runtime import core
 
 from reference import BIG, DTYPES, MODES, RANK, SIZE, all_data, assert_equal, fresh_job_env
-from test_autodiff import CASES, VMAPPABLE, cotangents, inputs
+from test_autodiff import CASES, cotangents, inputs
 
 GPUS = [d for d in jax.devices() if d.platform == "gpu"]
 if not GPUS:
@@ -88,7 +88,7 @@ def test_every_op_value_jvp_and_vjp(comm, memory, case, mode):
     same_on_gpu_and_cpu(MODES[mode](program), x, v, w)
 
 
-@pytest.mark.parametrize("case", VMAPPABLE, ids=repr)
+@pytest.mark.parametrize("case", CASES, ids=repr)
 def test_every_op_under_vmap(comm, memory, case):
     xs = np.stack([inputs(case, f"batch{b}")[RANK] for b in range(3)])
     same_on_gpu_and_cpu(jax.jit(jax.vmap(lambda x: case.call(x, comm))), xs)
