@@ -169,6 +169,22 @@ def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
         assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
 
 
+@pytest.mark.parametrize(
+    "fake_version,silence,warns",
+    [(None, "", False), ("0.99.0", "", True), ("0.99.0", "1", False)],
+    ids=["this_jax", "untested", "untested_silenced"],
+)
+def test_import_warns_about_an_untested_jax(fake_version, silence, warns):
+    """`import mpijax` warns under a JAX outside the tested range (faked
+    here), not under this one, and not with MPIJAX_UNTESTED_JAX=1."""
+    fake = f"jax.__version__ = {fake_version!r}; " if fake_version else ""
+    code = f"import jax; {fake}import mpijax"
+    env = fresh_job_env() | {"MPIJAX_UNTESTED_JAX": silence}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert ("UserWarning: mpijax was tested with JAX" in result.stderr) == warns, result.stderr
+
+
 SEED = ROOT / "examples" / "seed"
 
 
