@@ -206,8 +206,13 @@ def test_seed_send_recv_with_tokens(tmp_path, n):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_seed_mpi4py_and_mpijax_on_separate_communicators(tmp_path, n):
+    """Each odd rank checks what it received (the example asserts) and says so."""
     result, out = run_example(tmp_path, SEED / "mpi4py_and_mpijax.py", n)
     assert result.returncode == 0, result.stderr
+    assert out == [
+        "" if r % 2 == 0 else f"rank {r}: received from rank {r - 1} what it sent, through mpijax and mpi4py\n"
+        for r in range(n)
+    ]
 
 
 # Faults: a job whose rank fails must end, with a message, never hang. -------
