@@ -89,11 +89,18 @@ int AgreeCollective(const CallInfo& call, MPI_Comm comm, std::string* mismatch) 
 
 std::string Tag(int tag) { return tag == MPI_ANY_TAG ? "ANY_TAG" : std::to_string(tag); }
 
-// A message fits what its receiver expects: same dtype and shape, and the
-// tag asked for (or any).
+// Elements in the array: folding (call.h) keeps the product of the dims.
+int64_t Count(const Signature& s) {
+  int64_t count = 1;
+  for (int i = 0; i < std::min(s.ndim, Shape::kMaxDims); ++i) count *= s.dims[i];
+  return count;
+}
+
+// A message fits its receive exactly where MPI takes it without error: the
+// same dtype, no more elements than the receive buffer holds (whatever their
+// shapes; the rest of the buffer is zeroed), and the tag asked for (or any).
 bool Fits(const Signature& sent, const Signature& wanted) {
-  return std::strcmp(sent.dtype, wanted.dtype) == 0 && sent.ndim == wanted.ndim &&
-         std::equal(sent.dims, sent.dims + Shape::kMaxDims, wanted.dims) &&
+  return std::strcmp(sent.dtype, wanted.dtype) == 0 && Count(sent) <= Count(wanted) &&
          (wanted.tag == MPI_ANY_TAG || wanted.tag == sent.tag);
 }
 

@@ -68,6 +68,9 @@ if wants build; then
     "${pip[@]}" install -q --no-index --no-deps --no-build-isolation "$sdist"
   done
   echo "== building mpijax with CUDA handlers (against $mpicc)"
+  # Against the JAX already here: --no-deps and --no-build-isolation leave
+  # pyproject's bounds on jax and jaxlib unchecked (a JAX outside the tested
+  # range only warns at import), so they cannot break this offline install.
   CMAKE_ARGS="-DMPIJAX_CUDA=ON -DMPI_C_COMPILER=$mpicc" \
     "${pip[@]}" install -q --no-build-isolation --no-deps --force-reinstall . || exit 1
 fi

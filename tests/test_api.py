@@ -2,7 +2,9 @@
 code written for it runs with `import mpijax as mpi4jax`."""
 
 import inspect
+import pathlib
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpijax
+from mpijax._src import jax_version
 from mpijax._src.runtime import core
 
 from reference import RANK, SIZE
@@ -153,6 +156,28 @@ def test_mpi4jax_code_runs_unchanged():
     # Keyword arguments as mpi4jax's docs use them.
     y = mpi4jax.sendrecv(sendbuf=a + rank, recvbuf=a, source=(rank - 1) % SIZE, dest=(rank + 1) % SIZE, comm=comm)
     np.testing.assert_array_equal(y, np.full((3, 3), (rank - 1) % SIZE))
-    assert mpi4jax.bcast(a + rank, root=0, comm=comm).shape == (3, 3)
+    np.testing.assert_array_equal(mpi4jax.bcast(a + rank, root=0, comm=comm), np.zeros((3, 3)))
     gathered = mpi4jax.gather(a + rank, root=0, comm=comm)
-    assert gathered.shape == ((SIZE, 3, 3) if RANK == 0 else (3, 3))
+    every = np.stack([np.full((3, 3), float(r)) for r in range(SIZE)])
+    np.testing.assert_array_equal(gathered, every if RANK == 0 else every[RANK])
+
+
+def test_untested_jax_versions_get_a_warning_that_can_be_silenced(monkeypatch):
+    low, high = jax_version.TESTED
+    monkeypatch.delenv("MPIJAX_UNTESTED_JAX", raising=False)
+    for untested in ("0.10.1", "0.11.3", "0.12.0", "1.0", "unknown"):
+        says = rf"tested with JAX {low} to {high}, not with JAX {untested}: .* set MPIJAX_UNTESTED_JAX=1 to silence"
+        with pytest.warns(UserWarning, match=says):
+            jax_version.warn_if_untested(untested)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tested in (low, "0.11.0", high):
+            jax_version.warn_if_untested(tested)
+        monkeypatch.setenv("MPIJAX_UNTESTED_JAX", "1")
+        jax_version.warn_if_untested("0.12.0")
+
+
+def test_pyproject_requires_the_tested_jax_range():
+    pyproject = (pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    low, high = jax_version.TESTED
+    assert f'"jax>={low},<={high}"' in pyproject

@@ -1,8 +1,12 @@
 """bcast, gather, scatter, allgather, alltoall, barrier against NumPy
 references built from every rank's input."""
 
+import time
+
+import jax
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import mpijax
 
@@ -65,8 +69,23 @@ def test_alltoall(comm, mode, dtype, shape):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_barrier(comm, mode):
-    assert run(mode, lambda x: mpijax.barrier(comm=comm), 0) is None
+def test_barrier_lets_no_rank_leave_before_every_rank_arrived(comm, mode):
+    """Each rank in turn arrives late (after a sleep); every rank must leave
+    after that rank arrived. The ranks compare their clock readings afterwards,
+    an ordering, not a duration: they share one machine's monotonic clock."""
+    if len(set(comm.allgather(MPI.Get_processor_name()))) > 1:
+        pytest.skip("compares clock readings: needs every rank on one machine")
+    barrier = MODES[mode](lambda: mpijax.barrier(comm=comm))
+    barrier()  # compile outside the timed rounds
+    jax.effects_barrier()
+    for late in range(SIZE):
+        if RANK == late:
+            time.sleep(0.2)
+        arrived = time.monotonic()
+        assert barrier() is None
+        jax.effects_barrier()  # the call may have been dispatched asynchronously
+        times = comm.allgather((arrived, time.monotonic()))
+        assert all(left >= times[late][0] for _, left in times), (late, times)
 
 
 BIG_OPS = {

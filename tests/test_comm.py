@@ -34,11 +34,16 @@ def test_default_does_not_see_user_messages_on_world():
     request.wait()
 
 
+# Two ways to group the ranks: at 2 ranks only "blocks" gives a group of two.
+GROUPINGS = {"interleaved": lambda r: r % 2, "blocks": lambda r: r // 2}
+
+
 @pytest.mark.parametrize("mode", MODES)
-def test_split(comm, mode):
-    color = RANK % 2
-    sub = comm.Split(color, key=-RANK)  # reversed order inside each group
-    members = sorted((r for r in range(SIZE) if r % 2 == color), reverse=True)
+@pytest.mark.parametrize("grouping", GROUPINGS)
+def test_split(comm, mode, grouping):
+    color = GROUPINGS[grouping]
+    sub = comm.Split(color(RANK), key=-RANK)  # reversed order inside each group
+    members = sorted((r for r in range(SIZE) if color(r) == color(RANK)), reverse=True)
     xs = all_data((3,), "int32")
     try:
         total = MODES[mode](lambda x: mpijax.allreduce(x, MPI.SUM, comm=sub))(xs[RANK])

@@ -198,6 +198,22 @@ def test_jpi_module_leaves_x64_alone():
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
 
 
+@pytest.mark.parametrize(
+    "fake_version,silence,warns",
+    [(None, "", False), ("0.99.0", "", True), ("0.99.0", "1", False)],
+    ids=["this_jax", "untested", "untested_silenced"],
+)
+def test_import_warns_about_an_untested_jax(fake_version, silence, warns):
+    """`import mpijax` warns under a JAX outside the tested range (faked
+    here), not under this one, and not with MPIJAX_UNTESTED_JAX=1."""
+    fake = f"jax.__version__ = {fake_version!r}; " if fake_version else ""
+    code = f"import jax; {fake}import mpijax"
+    env = fresh_job_env() | {"MPIJAX_UNTESTED_JAX": silence}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert ("UserWarning: mpijax was tested with JAX" in result.stderr) == warns, result.stderr
+
+
 SEED = ROOT / "examples" / "seed"
 
 
@@ -227,8 +243,13 @@ def test_seed_capitalised_api(tmp_path, n):
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_seed_mpi4py_and_mpijax_on_separate_communicators(tmp_path, n):
+    """Each odd rank checks what it received (the example asserts) and says so."""
     result, out = run_example(tmp_path, SEED / "mpi4py_and_mpijax.py", n)
     assert result.returncode == 0, result.stderr
+    assert out == [
+        "" if r % 2 == 0 else f"rank {r}: received from rank {r - 1} what it sent, through mpijax and mpi4py\n"
+        for r in range(n)
+    ]
 
 
 # Faults: a job whose rank fails must end, with a message, never hang. -------

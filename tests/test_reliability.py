@@ -1,5 +1,6 @@
 """Check mode, the watchdog, and one MPI call in flight at a time."""
 
+import math
 import re
 import time
 
@@ -138,21 +139,62 @@ def test_check_mode_reports_disagreement_on_every_rank(comm, check, mode, kind):
 
 
 @needs_two
+@pytest.mark.parametrize("checked", [False, True], ids=["plain", "check_mode"])
 @pytest.mark.parametrize("mode", MODES)
-def test_check_mode_reports_a_mismatched_message_at_both_ends(comm, check, mode):
-    """Rank 0 sends 4 floats, rank 1 expects 5: both raise the same message;
-    further ranks are not involved."""
+def test_receives_into_larger_buffers_with_and_without_check_mode(comm, checked, mode):
+    """A message shorter than its receive buffer, of another shape, fills the
+    buffer's front and zeroes the rest, in check mode as without: a sendrecv
+    ring, and a send from rank 0 to a recv on rank 1."""
+    xs = all_data((2, 3), "float32")
+
+    def program(x):
+        ring = mpijax.sendrecv(x, jnp.ones((4, 2), jnp.float32), PREV, NEXT, comm=comm)
+        if RANK == 0:
+            mpijax.send(x, 1, tag=3, comm=comm)
+        if RANK == 1:
+            return ring, mpijax.recv(jnp.ones(7, jnp.float32), 0, tag=3, comm=comm)
+        return ring, None
+
+    def padded(x, shape):
+        return np.concatenate([x.ravel(), np.zeros(math.prod(shape) - x.size, x.dtype)]).reshape(shape)
+
+    mpijax.set_check(checked)
+    try:
+        ring, received = MODES[mode](program)(jnp.asarray(xs[RANK]))
+    finally:
+        mpijax.set_check(False)
+    assert_equal(ring, padded(xs[PREV], (4, 2)))
+    if RANK == 1:
+        assert_equal(received, padded(xs[0], (7,)))
+
+
+# What rank 0 sends with tag 3 to rank 1, which receives float32[4] with
+# recvtag; and the two ends as check mode names them.
+ILLEGAL_MESSAGES = {
+    "overrun": (jnp.ones(5, jnp.float32), 3, "float32[5] with tag 3", "float32[4] with tag 3"),
+    "dtype": (jnp.ones(4, jnp.int32), 3, "int32[4] with tag 3", "float32[4] with tag 3"),
+    "tag": (jnp.ones(4, jnp.float32), 4, "float32[4] with tag 3", "float32[4] with tag 4"),
+}
+
+
+@needs_two
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ILLEGAL_MESSAGES)
+def test_check_mode_reports_a_mismatched_message_at_both_ends(comm, check, mode, kind):
+    """A message that would overrun its receive buffer, or has another dtype
+    or tag: both ends raise the same message; further ranks are not involved."""
+    sent, recvtag, sends, expects = ILLEGAL_MESSAGES[kind]
+    says = f"a message does not match its receive: rank 0 sends {sends} (send), rank 1 expects {expects} (recv)"
 
     def program():
         if RANK == 0:
-            return mpijax.send(jnp.ones(4, jnp.float32), 1, tag=3, comm=comm)
+            return mpijax.send(sent, 1, tag=3, comm=comm)
         if RANK == 1:
-            return mpijax.recv(jnp.zeros(5, jnp.float32), 0, tag=3, comm=comm)
+            return mpijax.recv(jnp.zeros(4, jnp.float32), 0, tag=recvtag, comm=comm)
         return mpijax.barrier(comm=MPI.COMM_SELF)
 
-    says = r"rank 0 sends float32\[4\] with tag 3 \(send\), rank 1 expects float32\[5\] with tag 3 \(recv\)"
     if RANK < 2:
-        with pytest.raises(jax.errors.JaxRuntimeError, match=says):
+        with pytest.raises(jax.errors.JaxRuntimeError, match=re.escape(says)):
             jax.block_until_ready(MODES[mode](program)())
     else:
         MODES[mode](program)()
@@ -161,13 +203,13 @@ def test_check_mode_reports_a_mismatched_message_at_both_ends(comm, check, mode)
 
 @needs_two
 def test_check_mode_lets_the_matching_half_of_a_sendrecv_complete(comm, check):
-    """In a ring where only rank 1 receives the wrong shape, ranks 0 and 1
-    raise and the rest of the ring completes, so no rank hangs."""
-    size = disagreeing(5, 4)
+    """In a ring where only rank 1's receive buffer is too small, ranks 0 and
+    1 raise and the rest of the ring completes, so no rank hangs."""
+    size = disagreeing(3, 4)
     f = jax.jit(lambda s, r: mpijax.sendrecv(s, r, PREV, NEXT, comm=comm))
     send, receive = jnp.full(4, RANK, jnp.float32), jnp.zeros(size, jnp.float32)
     if RANK in (0, 1):
-        with pytest.raises(jax.errors.JaxRuntimeError, match=r"rank 0 sends float32\[4\].*rank 1 expects float32\[5\]"):
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"rank 0 sends float32\[4\].*rank 1 expects float32\[3\]"):
             jax.block_until_ready(f(send, receive))
     else:
         assert_equal(f(send, receive), np.full(4, PREV, np.float32))

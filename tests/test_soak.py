@@ -1,5 +1,6 @@
 """Soak and fuzz: long random programs, against NumPy and against mpi4py."""
 
+import math
 import resource
 
 import jax
@@ -106,14 +107,22 @@ def test_soak_100k_operations_with_flat_memory(comm):
 
 # Fuzz ------------------------------------------------------------------------
 
+FUZZ_OPS = OPS + ["send_recv"]  # send_recv: a send and a recv, as two calls
 FUZZ_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint32", "float32", "float64", "complex64",
                "complex128"]  # fmt: skip
 REDUCTIONS = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MIN": MPI.MIN, "MAX": MPI.MAX}
+# Where each rank's message goes and whence its own comes: every pattern
+# matches each send with one receive.
+PEERS = {
+    "ring": (PREV, NEXT),
+    "chain": (PREV if RANK > 0 else MPI.PROC_NULL, NEXT if RANK < SIZE - 1 else MPI.PROC_NULL),
+    "self": (RANK, RANK),
+}
 
 
 def fuzz_case(rng):
     """One random call, the same on every rank (all draw from one seed)."""
-    op = OPS[rng.integers(len(OPS))]
+    op = FUZZ_OPS[rng.integers(len(FUZZ_OPS))]
     dtype = FUZZ_DTYPES[rng.integers(len(FUZZ_DTYPES))]
     if op in ("allreduce", "reduce", "scan"):
         dtype = FUZZ_DTYPES[1 + rng.integers(len(FUZZ_DTYPES) - 1)]  # no reductions on bool
@@ -122,10 +131,14 @@ def fuzz_case(rng):
     shape = [(), (0,), (int(rng.integers(1, 9)),), (int(rng.integers(1, 5)), int(rng.integers(1, 5)))][rng.integers(4)]
     if op in ("scatter", "alltoall"):
         shape = (SIZE, *shape)
-    return op, dtype, shape, int(rng.integers(SIZE)), reduction, bool(rng.integers(2))
+    # A receive buffer may hold more than the message, in any shape.
+    n = math.prod(shape)
+    recv_shape = [shape, (n + int(rng.integers(1, 4)),), (n + 1, 2)][rng.integers(3)]
+    peers = list(PEERS)[rng.integers(len(PEERS))]
+    return op, dtype, shape, int(rng.integers(SIZE)), reduction, peers, recv_shape, bool(rng.integers(2))
 
 
-def with_mpi4py(comm, op, x, root, reduction):
+def with_mpi4py(comm, op, x, root, reduction, peers, recv_shape):
     """The same call made by mpi4py on NumPy arrays."""
     out = np.empty_like(x)
     red = REDUCTIONS[reduction]
@@ -151,13 +164,28 @@ def with_mpi4py(comm, op, x, root, reduction):
         comm.Scatter(x, out, root)
     elif op == "alltoall":
         comm.Alltoall(x, out)
-    elif op == "sendrecv":
-        comm.Sendrecv(x, NEXT, recvbuf=out, source=PREV)
+    elif op in ("sendrecv", "send_recv"):
+        source, dest = PEERS[peers]
+        out = np.zeros(recv_shape, x.dtype)  # MPI leaves the rest as it was, mpijax zeroes it
+        comm.Sendrecv(x, dest, recvbuf=out, source=source)
     return out
 
 
-def with_mpijax(comm, op, x, root, reduction):
+def send_then_recv(x, template, source, dest, comm):
+    """A send and a recv in an order that cannot deadlock: rank 0 and a rank
+    that messages itself send first, the others pass the message on."""
+    if RANK == 0 or source == RANK:
+        mpijax.send(x, dest, comm=comm)
+        return mpijax.recv(template, source, comm=comm)
+    received = mpijax.recv(template, source, comm=comm)
+    mpijax.send(x, dest, comm=comm)
+    return received
+
+
+def with_mpijax(comm, op, x, root, reduction, peers, recv_shape):
     red = REDUCTIONS[reduction]
+    source, dest = PEERS[peers]
+    template = jnp.ones(recv_shape, x.dtype)  # a constant: only its shape and dtype count
     return {
         "allreduce": lambda x: mpijax.allreduce(x, red, comm=comm),
         "reduce": lambda x: mpijax.reduce(x, red, root, comm=comm),
@@ -167,26 +195,32 @@ def with_mpijax(comm, op, x, root, reduction):
         "scatter": lambda x: mpijax.scatter(x, root, comm=comm),
         "allgather": lambda x: mpijax.allgather(x, comm=comm),
         "alltoall": lambda x: mpijax.alltoall(x, comm=comm),
-        "sendrecv": lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm),
+        "sendrecv": lambda x: mpijax.sendrecv(x, template, source, dest, comm=comm),
+        "send_recv": lambda x: send_then_recv(x, template, source, dest, comm),
     }[op]
 
 
+@pytest.mark.parametrize("check", [False, True], ids=["plain", "check_mode"])
 @pytest.mark.parametrize("seed", range(4))
-def test_fuzz_random_programs_against_mpi4py(comm, seed):
-    """60 random calls per seed (op, dtype, shape, root, reduction, eager or
-    jit), each compared with mpi4py making the same call on NumPy arrays."""
+def test_fuzz_random_programs_against_mpi4py(comm, seed, check):
+    """60 random calls per seed (op, dtype, shape, root, reduction, message
+    pattern and receive buffer, eager or jit), each compared with mpi4py
+    making the same call on NumPy arrays; check mode must change no result."""
     rng = np.random.default_rng(seed)
     reference = comm.Dup()
+    mpijax.set_check(check)
     try:
         for case in range(60):
-            op, dtype, shape, root, reduction, jitted = fuzz_case(rng)
+            op, dtype, shape, root, reduction, peers, recv_shape, jitted = fuzz_case(rng)
             x = all_data(shape, dtype, seed=case)[RANK]
-            f = with_mpijax(comm, op, x, root, reduction)
+            f = with_mpijax(comm, op, x, root, reduction, peers, recv_shape)
             mine = x[0] if op == "scatter" and RANK != root else x  # off the root, one block
             got = np.asarray((jax.jit(f) if jitted else f)(jnp.asarray(mine)))
-            want = with_mpi4py(reference, op, x, root, reduction)
-            where = f"seed {seed} case {case}: {op} {reduction} {dtype}{list(shape)} root {root} jit {jitted}"
+            want = with_mpi4py(reference, op, x, root, reduction, peers, recv_shape)
+            where = f"seed {seed} case {case}: {op} {reduction} {dtype}{list(shape)} root {root} {peers} "
+            where += f"into {list(recv_shape)} jit {jitted}"
             assert got.dtype == want.dtype and got.shape == want.shape, where
             np.testing.assert_array_equal(got, want, err_msg=where)
     finally:
+        mpijax.set_check(False)
         reference.Free()

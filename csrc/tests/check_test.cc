@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include "mpi_calls.h"
 
@@ -90,22 +92,49 @@ TEST(Check, AnySourceAndAnyTagAreNarrowedToTheMatchedSender) {
   EXPECT_EQ(mismatch, "");
 }
 
-TEST(Check, PairMismatchIsReportedAlikeByBothEnds) {
-  if (Size() < 2) GTEST_SKIP() << "needs two ranks";
+// Rank 0 sends `sent`, rank 1 receives into `wanted`; returns each end's
+// mismatch text and whether its peer was kept.
+std::pair<std::string, bool> Pair(const CallInfo& sent, const CallInfo& wanted) {
   std::string mismatch;
-  if (Rank() == 0) {
-    CallInfo send = Send(1, 7, 3);
-    ASSERT_EQ(Agree(send, MPI_COMM_WORLD, &mismatch), MPI_SUCCESS);
-    EXPECT_EQ(send.dest, MPI_PROC_NULL);
-  } else if (Rank() == 1) {
-    CallInfo recv = Recv(0, 7, 4);
-    ASSERT_EQ(Agree(recv, MPI_COMM_WORLD, &mismatch), MPI_SUCCESS);
-    EXPECT_EQ(recv.source, MPI_PROC_NULL);
+  CallInfo call = Rank() == 0 ? sent : wanted;
+  if (Rank() < 2) EXPECT_EQ(Agree(call, MPI_COMM_WORLD, &mismatch), MPI_SUCCESS);
+  return {mismatch, Rank() == 0 ? call.dest == 1 : call.source == 0};
+}
+
+TEST(Check, MessageIntoALargerBufferOfAnyShapeFits) {
+  if (Size() < 2) GTEST_SKIP() << "needs two ranks";
+  // 24 elements in ten dimensions, of which the last three are folded (call.h).
+  CallInfo sent = Send(1, 7, 0);
+  sent.shape.ndim = 10;
+  std::fill(sent.shape.dims, sent.shape.dims + Shape::kMaxDims - 1, 1);
+  sent.shape.dims[Shape::kMaxDims - 1] = 2 * 3 * 4;
+  for (int64_t n : {24, 25}) {
+    const auto [mismatch, kept] = Pair(sent, Recv(0, 7, n));
+    if (Rank() < 2) {
+      EXPECT_EQ(mismatch, "") << n;
+      EXPECT_TRUE(kept) << n;
+    }
   }
-  if (Rank() < 2) {
-    EXPECT_EQ(mismatch,
-              "mpijax check mode: a message does not match its receive: rank 0 sends int32[3] "
-              "with tag 7 (send), rank 1 expects int32[4] with tag 7 (recv)");
+}
+
+TEST(Check, OverrunDtypeAndTagMismatchesAreReportedAlikeByBothEnds) {
+  if (Size() < 2) GTEST_SKIP() << "needs two ranks";
+  CallInfo other_dtype = Recv(0, 7, 4);
+  other_dtype.dtype = "float32";
+  const std::pair<CallInfo, const char*> cases[] = {
+      {Recv(0, 7, 3), "int32[3] with tag 7"},
+      {other_dtype, "float32[4] with tag 7"},
+      {Recv(0, 8, 4), "int32[4] with tag 8"},
+  };
+  for (const auto& [wanted, expects] : cases) {
+    const auto [mismatch, kept] = Pair(Send(1, 7, 4), wanted);
+    if (Rank() < 2) {
+      EXPECT_EQ(mismatch,
+                "mpijax check mode: a message does not match its receive: rank 0 sends int32[4] "
+                "with tag 7 (send), rank 1 expects " +
+                    std::string(expects) + " (recv)");
+      EXPECT_FALSE(kept);
+    }
   }
 }
 

@@ -1,0 +1,38 @@
+"""The JAX releases mpijax was tested with. mpijax relies on JAX's private
+API (jax_compat.py), which may change in any release: an untested JAX gets a
+warning at import. pyproject.toml's dependency on jax is this same range
+(tests/test_api.py keeps the two equal)."""
+
+import os
+import re
+import warnings
+
+import jax
+
+# Oldest and newest tested: 0.10.2, the whole suite on CPU; 0.11.2, on an H100 machine the GPU
+# check and the CPU suite at 2 ranks (docs/gpu.md).
+TESTED = ("0.10.2", "0.11.2")
+
+
+def _release(version):
+    """(0, 11, 2) for "0.11.2" and for "0.11.2.dev20260101"; () for a version
+    that does not start with a number, which counts as untested."""
+    numbers = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in numbers.group().split(".")) if numbers else ()
+
+
+def warn_if_untested(version=None):
+    """Warn, unless MPIJAX_UNTESTED_JAX is set, when `version` (default: the
+    imported JAX's) is outside the tested range."""
+    version = version or jax.__version__
+    low, high = TESTED
+    if _release(low) <= _release(version) <= _release(high):
+        return
+    if os.environ.get("MPIJAX_UNTESTED_JAX", "") not in ("", "0"):
+        return
+    warnings.warn(
+        f"mpijax was tested with JAX {low} to {high}, not with JAX {version}: it uses JAX's private API, "
+        "which may have changed, so calls may fail or give wrong results. Install a tested JAX "
+        f"(pip install 'jax>={low},<={high}'), or set MPIJAX_UNTESTED_JAX=1 to silence this warning.",
+        stacklevel=2,
+    )
