@@ -9,8 +9,8 @@ import warnings
 
 import jax
 
-# Oldest and newest tested: 0.10.2, the whole suite on CPU; 0.11.2, on an H100 machine the GPU
-# check and the CPU suite at 2 ranks (docs/gpu.md).
+# Oldest and newest tested: 0.10.2, the whole suite on CPU; 0.11.2, the GPU check on an H100
+# (docs/benchmarks/gpu/gpu-check.log).
 TESTED = ("0.10.2", "0.11.2")
 
 
