@@ -523,6 +523,19 @@ auto Unary() {
       .template Attr<int64_t>("comm");
 }
 
+// A receive's binding after its data operands: the route and the token in,
+// the received array, its envelope and the token out.
+template <class Binding>
+auto Receiving(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Token>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Token>()
+      .template Attr<int64_t>("comm");
+}
+
 // One op: its binding and its handler template.
 #define MPIJAX_OP(Name, ...)               \
   struct Name##Op {                        \
@@ -558,31 +571,17 @@ MPIJAX_OP(Send, P::Bind()
                     .template Attr<int64_t>("comm")
                     .template Attr<int64_t>("dest")
                     .template Attr<int64_t>("tag"));
-MPIJAX_OP(Recv, P::Bind()
-                    .template Arg<ffi::AnyBuffer>()
-                    .template Arg<ffi::AnyBuffer>()
-                    .template Arg<ffi::Token>()
-                    .template Ret<ffi::AnyBuffer>()
-                    .template Ret<ffi::AnyBuffer>()
-                    .template Ret<ffi::Token>()
-                    .template Attr<int64_t>("comm")
+MPIJAX_OP(Recv, Receiving(P::Bind().template Arg<ffi::AnyBuffer>())
                     .template Attr<int64_t>("source")
                     .template Attr<int64_t>("tag")
                     .template Attr<int64_t>("status"));
-MPIJAX_OP(Sendrecv, P::Bind()
-                        .template Arg<ffi::AnyBuffer>()
-                        .template Arg<ffi::AnyBuffer>()
-                        .template Arg<ffi::AnyBuffer>()
-                        .template Arg<ffi::Token>()
-                        .template Ret<ffi::AnyBuffer>()
-                        .template Ret<ffi::AnyBuffer>()
-                        .template Ret<ffi::Token>()
-                        .template Attr<int64_t>("comm")
-                        .template Attr<int64_t>("source")
-                        .template Attr<int64_t>("dest")
-                        .template Attr<int64_t>("sendtag")
-                        .template Attr<int64_t>("recvtag")
-                        .template Attr<int64_t>("status"));
+MPIJAX_OP(Sendrecv,
+          Receiving(P::Bind().template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>())
+              .template Attr<int64_t>("source")
+              .template Attr<int64_t>("dest")
+              .template Attr<int64_t>("sendtag")
+              .template Attr<int64_t>("recvtag")
+              .template Attr<int64_t>("status"));
 #undef MPIJAX_OP
 
 // Platforms: what XLA hands a handler first (the binding's prefix), and the
