@@ -1,5 +1,6 @@
 #include "registry.h"
 
+#include <cstdint>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -16,8 +17,13 @@ class Table {
     for (size_t i = 0; i < handles_.size(); ++i) {
       if (handles_[i] == handle) return static_cast<int64_t>(i);
     }
-    handles_.push_back(handle);
-    return static_cast<int64_t>(handles_.size() - 1);
+    return AddLocked(handle);
+  }
+
+  // A new id, whether or not the handle is in the table already.
+  int64_t Add(Handle handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return AddLocked(handle);
   }
 
   bool Lookup(int64_t id, Handle* handle) {
@@ -28,6 +34,11 @@ class Table {
   }
 
  private:
+  int64_t AddLocked(Handle handle) {
+    handles_.push_back(handle);
+    return static_cast<int64_t>(handles_.size() - 1);
+  }
+
   std::mutex mutex_;
   std::vector<Handle> handles_;
 };
@@ -52,9 +63,26 @@ int FreeReversed(MPI_Comm, int, void* attribute, void*) {
 
 }  // namespace
 
+// A communicator keeps its id as an attribute. One that is freed and one made
+// later may share a handle but not the attribute, so the new one gets a new
+// id: compiled programs and JAX's caches (keyed by the id, and holding the
+// old one's size in their shapes) never run on it.
 int64_t RegisterComm(MPI_Comm comm) {
   if (comm == MPI_COMM_NULL) throw std::invalid_argument("cannot register MPI_COMM_NULL");
-  return Comms().Register(comm);
+  static const int keyval = [] {
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &key, nullptr);
+    return key;
+  }();
+  void* attribute = nullptr;
+  int found = 0;
+  if (keyval == MPI_KEYVAL_INVALID || MPI_Comm_get_attr(comm, keyval, &attribute, &found)) {
+    return Comms().Register(comm);
+  }
+  if (found) return static_cast<int64_t>(reinterpret_cast<intptr_t>(attribute));
+  const int64_t id = Comms().Add(comm);
+  MPI_Comm_set_attr(comm, keyval, reinterpret_cast<void*>(static_cast<intptr_t>(id)));
+  return id;
 }
 
 bool LookupComm(int64_t id, MPI_Comm* comm) { return Comms().Lookup(id, comm); }
