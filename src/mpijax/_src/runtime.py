@@ -3,6 +3,7 @@ registers the FFI handlers with XLA, and applies the MPIJAX_* settings."""
 
 import os
 import sys
+import time
 import warnings
 
 import jax
@@ -169,6 +170,9 @@ def _abort_after(previous_hook):
                 "(MPIJAX_ABORT_ON_EXCEPTION=0 turns this off)\n"
             )
             sys.stderr.flush()
+            # MPICH's launcher drops output it has not forwarded yet when the
+            # job aborts: let it forward the traceback and this message first.
+            time.sleep(0.5)
             world.Abort(1)
 
     return hook
