@@ -8,6 +8,7 @@
 
 #include "mpi_calls.h"
 #include "reductions.h"
+#include "tags.h"
 
 namespace mpijax {
 namespace {
@@ -87,8 +88,6 @@ int AgreeCollective(const CallInfo& call, MPI_Comm comm, std::string* mismatch) 
   return MPI_SUCCESS;
 }
 
-std::string Tag(int tag) { return tag == MPI_ANY_TAG ? "ANY_TAG" : std::to_string(tag); }
-
 // Elements in the array: folding (call.h) keeps the product of the dims.
 int64_t Count(const Signature& s) {
   int64_t count = 1;
@@ -105,9 +104,9 @@ bool Fits(const Signature& sent, const Signature& wanted) {
 }
 
 std::string Pair(int sender, const Signature& sent, int receiver, const Signature& wanted) {
-  return "rank " + std::to_string(sender) + " sends " + Array(sent) + " with tag " + Tag(sent.tag) +
-         " (" + sent.op + "), rank " + std::to_string(receiver) + " expects " + Array(wanted) +
-         " with tag " + Tag(wanted.tag) + " (" + wanted.op + ")";
+  return "rank " + std::to_string(sender) + " sends " + Array(sent) + " with tag " +
+         TagName(sent.tag) + " (" + sent.op + "), rank " + std::to_string(receiver) + " expects " +
+         Array(wanted) + " with tag " + TagName(wanted.tag) + " (" + wanted.op + ")";
 }
 
 // Both directions at once (either may be MPI_PROC_NULL): round one carries
@@ -130,7 +129,10 @@ int AgreePair(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
           : Sign(call.op, call.dtype, call.shape, kUnset, kUnset, call.recv_tag);
   Signature announced{}, answer{};
   MPI_Status status;
-  const int announce = CheckTag(false), reply = CheckTag(true);
+  // Derivative calls shake hands under tags of their own, so that a receive
+  // of values from MPI_ANY_SOURCE never takes their announcement.
+  const bool derivative = IsDerivativeTag(call.send_tag) || IsDerivativeTag(call.recv_tag);
+  const int announce = CheckTag(false, derivative), reply = CheckTag(true, derivative);
   if (int rc = mpi::Sendrecv(&outgoing, sizeof outgoing, MPI_BYTE, dest, announce, &announced,
                              sizeof announced, MPI_BYTE, source, announce, comm, &status)) {
     return rc;
@@ -161,14 +163,6 @@ int AgreePair(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
 
 bool CheckEnabled() { return enabled.load(std::memory_order_relaxed); }
 void SetCheckEnabled(bool on) { enabled.store(on, std::memory_order_relaxed); }
-
-int CheckTag(bool reply) {
-  void* value = nullptr;
-  int found = 0;
-  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found);
-  const int upper = found ? *static_cast<int*>(value) : 32767;  // the least MPI allows
-  return reply ? upper : upper - 1;
-}
 
 int Agree(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
   return PointToPoint(call) ? AgreePair(call, comm, mismatch)

@@ -4,8 +4,8 @@
 // passed what, instead of hanging or corrupting memory.
 //
 // Collectives allgather a fixed-size signature over the communicator.
-// Point-to-point calls shake hands with their peer under the two highest tags
-// (which Python keeps from users): the sender announces its message, the
+// Point-to-point calls shake hands with their peer under check mode's tags
+// (tags.h): the sender announces its message, the
 // receiver answers with what it expects, and both judge the pair alike. A
 // receive from MPI_ANY_SOURCE or with MPI_ANY_TAG then takes the message of
 // the sender it shook hands with.
@@ -21,9 +21,6 @@ namespace mpijax {
 
 bool CheckEnabled();
 void SetCheckEnabled(bool enabled);
-
-// The handshake tags: MPI_TAG_UB - 1 (announce) and MPI_TAG_UB (reply).
-int CheckTag(bool reply);
 
 // Agrees on `call` with the other ranks involved. On disagreement fills
 // *mismatch (the same text on every rank that took part) and returns

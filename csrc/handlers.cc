@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "mpi_calls.h"
 #include "reductions.h"
 #include "registry.h"
+#include "tags.h"
 #include "xla/ffi/api/ffi.h"
 
 #ifdef MPIJAX_CUDA
@@ -144,12 +146,11 @@ std::string Awaited(const CallInfo& call, const Comm& comm) {
   }
   std::string text;
   if (call.source != kUnset) {
-    text = "a message from " + Rank(call.source) + " with tag " +
-           (call.recv_tag == MPI_ANY_TAG ? "ANY_TAG" : std::to_string(call.recv_tag));
+    text = "a message from " + Rank(call.source) + " with tag " + TagName(call.recv_tag);
   }
   if (call.dest != kUnset) {
     text += (text.empty() ? "" : " and for ") + Rank(call.dest) +
-            " to receive its message with tag " + std::to_string(call.send_tag);
+            " to receive its message with tag " + TagName(call.send_tag);
   }
   return text;
 }
@@ -251,16 +252,30 @@ ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id
       context, info, comm_id, host_access, [](Memory&) {}, call);
 }
 
-// Fills in a routed peer and its tag from `route` (see kRouted). A message
-// from MPI_PROC_NULL is answered to MPI_PROC_NULL, and so is every routed
-// call after a memory error, when the route cannot be read.
+// Fills in a routed peer and its tag from `route` (see kRouted). Only
+// derivatives are routed, so the tag becomes a derivative tag (tags.h). A
+// message from MPI_PROC_NULL is answered to MPI_PROC_NULL, and so is every
+// routed call after a memory error, when the route cannot be read.
 template <class Memory>
 void Route(Memory& m, const ffi::AnyBuffer& route, int* peer, int* tag) {
   if (*peer != kRouted) return;
   MPI_Status status{};
   m.Copy(&status, m.In(route), sizeof status);
   *peer = m.error().empty() ? status.MPI_SOURCE : MPI_PROC_NULL;
-  *tag = *peer == MPI_PROC_NULL ? 0 : status.MPI_TAG;
+  *tag = DerivativeTag(*peer == MPI_PROC_NULL ? 0 : status.MPI_TAG);
+}
+
+// A derivative message that a receive from anyone set aside (mpi_calls.h),
+// copied into `out`: the receive's MPI error code, or nothing if there is
+// none.
+template <class Memory>
+std::optional<int> TakeAside(Memory& m, const CallInfo& info, MPI_Comm comm, void* out,
+                             size_t bytes, MPI_Status* status) {
+  std::vector<char> data;
+  if (!mpi::TakeAside(info.source, info.recv_tag, comm, &data, status)) return std::nullopt;
+  if (data.size() > bytes) return MPI_ERR_TRUNCATE;
+  m.Copy(out, data.data(), data.size());
+  return MPI_SUCCESS;
 }
 
 // A receive leaves unspecified what a shorter message did not fill (or all of
@@ -463,8 +478,10 @@ ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer r
         void* out = m.Out(*y);
         void* env = m.Out(*envelope);
         MPI_Status st;
-        const int code = mpi::Recv(out, y->element_count(), TypeOf(x), info.source, info.recv_tag,
-                                   c.handle, &st);
+        const std::optional<int> taken = TakeAside(m, info, c.handle, out, y->size_bytes(), &st);
+        const int code = taken ? *taken
+                               : mpi::Recv(out, y->element_count(), TypeOf(x), info.source,
+                                           info.recv_tag, c.handle, &st);
         if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), env, status);
         return code;
       });
@@ -503,9 +520,14 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
           source_data = copy.data();
         }
         MPI_Status st;
-        const int code = mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
-                                       info.send_tag, out, y->element_count(), TypeOf(recv),
-                                       info.source, info.recv_tag, c.handle, &st);
+        const std::optional<int> taken = TakeAside(m, info, c.handle, out, y->size_bytes(), &st);
+        const int code =
+            !taken   ? mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
+                                     info.send_tag, out, y->element_count(), TypeOf(recv),
+                                     info.source, info.recv_tag, c.handle, &st)
+            : *taken ? *taken
+                     : mpi::Send(source_data, send.element_count(), TypeOf(send), info.dest,
+                                 info.send_tag, c.handle);
         if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), env, status);
         return code;
       });

@@ -24,6 +24,7 @@
 #include "mpi_calls.h"
 #include "reductions.h"
 #include "registry.h"
+#include "tags.h"
 
 namespace nb = nanobind;
 
@@ -97,6 +98,8 @@ NB_MODULE(_core, m) {
   m.attr("mpi4py_error") = mpi4py_error;
   m.attr("ROUTED") = kRouted;
   m.attr("STATUS_BYTES") = sizeof(MPI_Status);
+  m.def("largest_tag", &LargestTag);
+  m.def("derivative_tag", &DerivativeTag);
 
   m.def("ffi_targets", [] {
     nb::dict platforms;

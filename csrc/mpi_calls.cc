@@ -4,9 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "tags.h"
 
 namespace mpijax::mpi {
 namespace {
@@ -187,14 +190,80 @@ int Send(const void* buf, int64_t count, MPI_Datatype type, int dest, int tag, M
       true);
 }
 
+namespace {
+
+struct Message {
+  MPI_Comm comm;
+  MPI_Status status;
+  std::vector<char> data;
+};
+std::mutex aside_mutex;
+std::deque<Message> aside;
+
+// Waits (under the timeout, polling) for the next message from anyone.
+int ProbeAnyone(MPI_Comm comm, MPI_Message* message, MPI_Status* status) {
+  if (Timeout() <= 0) return MPI_Mprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, message, status);
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(Timeout());
+  for (int found = 0;;) {
+    if (int rc = MPI_Improbe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &found, message, status)) return rc;
+    if (found) return MPI_SUCCESS;
+    if (Clock::now() > deadline) return kTimedOut;
+    std::this_thread::yield();
+  }
+}
+
+// A receive from MPI_ANY_SOURCE with MPI_ANY_TAG (see TakeAside).
+int ReceiveFromAnyone(void* buf, const Block& b, MPI_Comm comm, MPI_Status* status) {
+  while (true) {
+    MPI_Message message;
+    MPI_Status probed;
+    if (int rc = ProbeAnyone(comm, &message, &probed)) return rc;
+    if (!IsDerivativeTag(probed.MPI_TAG))
+      return MPI_Mrecv(buf, b.count(), b.type(), &message, status);
+    MPI_Count bytes = 0;
+    if (int rc = MPI_Get_elements_x(&probed, MPI_BYTE, &bytes)) return rc;
+    std::lock_guard<std::mutex> lock(aside_mutex);
+    Message& kept =
+        aside.emplace_back(Message{comm, {}, std::vector<char>(static_cast<size_t>(bytes))});
+    Block whole(bytes, MPI_BYTE);
+    if (whole.error()) return whole.error();
+    if (int rc = MPI_Mrecv(kept.data.data(), whole.count(), whole.type(), &message, &kept.status)) {
+      return rc;
+    }
+  }
+}
+
+bool FromAnyone(int source, int tag) { return source == MPI_ANY_SOURCE && tag == MPI_ANY_TAG; }
+
+}  // namespace
+
+bool TakeAside(int source, int tag, MPI_Comm comm, std::vector<char>* data, MPI_Status* status) {
+  if (!IsDerivativeTag(tag)) return false;
+  std::lock_guard<std::mutex> lock(aside_mutex);
+  for (auto it = aside.begin(); it != aside.end(); ++it) {
+    if (it->comm == comm && it->status.MPI_SOURCE == source && it->status.MPI_TAG == tag) {
+      *data = std::move(it->data);
+      *status = it->status;
+      aside.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
 int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_Comm comm,
          MPI_Status* status) {
   Block b(count, type);
   if (b.error()) return b.error();
-  const int rc = Complete(
-      [&] { return MPI_Recv(buf, b.count(), b.type(), source, tag, comm, status); },
-      [&](MPI_Request* r) { return MPI_Irecv(buf, b.count(), b.type(), source, tag, comm, r); },
-      true, status);
+  const int rc =
+      FromAnyone(source, tag)
+          ? ReceiveFromAnyone(buf, b, comm, status)
+          : Complete([&] { return MPI_Recv(buf, b.count(), b.type(), source, tag, comm, status); },
+                     [&](MPI_Request* r) {
+                       return MPI_Irecv(buf, b.count(), b.type(), source, tag, comm, r);
+                     },
+                     true, status);
   if (rc) return rc;
   std::lock_guard<std::mutex> lock(self_sends_mutex);
   return self_sends.empty() ? MPI_SUCCESS : ReapSelfSends();
@@ -215,6 +284,17 @@ int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int d
     if (int rc = MPI_Type_size(send_type, &send_size)) return rc;
     if (int rc = MPI_Type_size(recv_type, &recv_size)) return rc;
     if (send_count * send_size > recv_count * recv_size) return MPI_ERR_TRUNCATE;
+  }
+  if (FromAnyone(source, recv_tag)) {
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (int rc = MPI_Isend(send, s.count(), s.type(), dest, send_tag, comm, &requests[1]))
+      return rc;
+    if (int rc = ReceiveFromAnyone(recv, r, comm, status)) {
+      MPI_Request_free(&requests[1]);
+      return rc;
+    }
+    return Timeout() <= 0 ? MPI_Wait(&requests[1], MPI_STATUS_IGNORE)
+                          : Await(requests, true, MPI_STATUS_IGNORE);
   }
   return Complete(
       [&] {

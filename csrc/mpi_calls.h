@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace mpijax::mpi {
 
@@ -49,6 +50,13 @@ class Block {
   bool owned_ = false;
   int error_ = MPI_SUCCESS;
 };
+
+// A receive from MPI_ANY_SOURCE with MPI_ANY_TAG takes the first message of
+// values that reaches it (tags.h): derivative messages it meets first, sent
+// early by a rank that is further along, are received whole and set aside.
+// Their own receive then takes them with TakeAside, which finds the earliest
+// one from `source` with `tag` on `comm`, if any.
+bool TakeAside(int source, int tag, MPI_Comm comm, std::vector<char>* data, MPI_Status* status);
 
 int Send(const void* buf, int64_t count, MPI_Datatype type, int dest, int tag, MPI_Comm comm);
 int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_Comm comm,

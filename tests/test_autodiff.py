@@ -10,6 +10,7 @@ result is summed over ranks."""
 
 import dataclasses
 import functools
+import time
 import zlib
 from collections.abc import Callable
 
@@ -154,9 +155,12 @@ def _cases():
             lambda x, c: mpijax.sendrecv(x, x, PREV, NEXT, sendtag=3, recvtag=3, comm=c),
             from_prev,
         ),
-        # A receive from MPI.ANY_SOURCE with MPI.ANY_TAG could take a derivative
-        # message meant for another call here (docs/autodiff.md, rule 3); the
-        # gather-like test below has those defaults.
+        Case(
+            "sendrecv-any-source-any-tag",
+            lambda x, c: mpijax.sendrecv(x, jnp.zeros_like(x), MPI.ANY_SOURCE, NEXT, sendtag=4 + RANK, comm=c),
+            from_prev,
+            wildcard=True,
+        ),
         Case(
             "sendrecv-zeros_like-any-source",
             lambda x, c: mpijax.sendrecv(
@@ -178,6 +182,12 @@ def _cases():
         Case(
             "recv-any-source-constant-buffer",
             lambda x, c: ring(x, c, template=jnp.zeros(N), tag=5 + RANK, source=MPI.ANY_SOURCE, recv_tag=5 + PREV),
+            from_prev,
+            wildcard=True,
+        ),
+        Case(
+            "recv-defaults-constant-buffer",
+            lambda x, c: ring(x, c, template=jnp.zeros(N), tag=5 + RANK, source=MPI.ANY_SOURCE, recv_tag=MPI.ANY_TAG),
             from_prev,
             wildcard=True,
         ),
@@ -479,6 +489,26 @@ def test_derivatives_of_receives_from_any_source_go_back_to_each_sender(comm, mo
     assert_close(g, np.cos(xs[RANK]) if RANK else np.zeros(N), rtol=1e-12)
     _, t = MODES[mode](lambda x, v: jax.jvp(loss, (x,), (v,)))(xs[RANK], vs[RANK])
     assert_close(t, sum(np.vdot(np.cos(x), v) for x, v in zip(xs[1:], vs[1:], strict=True)) if RANK == 0 else 0.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_receive_from_anyone_leaves_derivative_messages_to_their_receive(comm, mode):
+    """A ring where every rank receives with MPI.ANY_SOURCE and MPI.ANY_TAG,
+    and rank 0 starts late: rank 1's forward receive still waits for rank 0's
+    value when rank 2, past its forward pass, sends rank 1 a cotangent. The
+    receive must take the value and leave the cotangent to the backward pass."""
+    xs = [draw(CASES[0], "x", r) for r in range(SIZE)]
+
+    def loss(x):
+        return jnp.sum(jnp.sin(mpijax.sendrecv(x, jnp.zeros_like(x), MPI.ANY_SOURCE, NEXT, comm=comm)))
+
+    grad = MODES[mode](jax.grad(loss))
+    jax.block_until_ready(grad(xs[RANK]))  # compiled on every rank before the race
+    for _ in range(3):
+        comm.Barrier()
+        if RANK == 0:
+            time.sleep(0.2)
+        assert_close(grad(xs[RANK]), np.cos(xs[RANK]), rtol=1e-12)
 
 
 def test_grad_through_scan_receiving_into_a_constant(comm):

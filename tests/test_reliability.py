@@ -11,6 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import mpijax
+from mpijax._src.runtime import core
 
 from reference import MODES, RANK, SIZE, all_data, assert_equal, data
 
@@ -215,10 +216,18 @@ def test_check_mode_lets_the_matching_half_of_a_sendrecv_complete(comm, check):
         assert_equal(f(send, receive), np.full(4, PREV, np.float32))
 
 
-def test_user_tags_stay_clear_of_the_handshake_tags(comm):
-    top = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
-    with pytest.raises(ValueError, match="reserved for check mode"):
-        mpijax.send(jnp.ones(1), 0, tag=top, comm=comm)
+def test_user_tags_stay_clear_of_derivative_and_handshake_tags(comm):
+    """Users get the lower half of MPI's tags: derivatives and check mode's
+    handshakes use the rest (csrc/tags.h)."""
+    largest = core.largest_tag()
+    assert core.derivative_tag(largest) <= MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 4
+    assert core.derivative_tag(core.derivative_tag(7)) == core.derivative_tag(7) > largest
+    for tag in (largest + 1, MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)):
+        with pytest.raises(ValueError, match=f"expected 0 <= tag <= {largest}; mpijax keeps the tags above it"):
+            mpijax.send(jnp.ones(1), 0, tag=tag, comm=comm)
+    x = jnp.arange(3.0)
+    mpijax.send(x, RANK, tag=largest, comm=comm)
+    assert_equal(mpijax.recv(jnp.zeros(3), RANK, tag=largest, comm=comm), x)
 
 
 # Watchdog --------------------------------------------------------------------

@@ -6,9 +6,12 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstring>
 #include <numeric>
 #include <tuple>
 #include <vector>
+
+#include "tags.h"
 
 namespace mpijax::mpi {
 namespace {
@@ -146,6 +149,40 @@ TEST_P(MpiCalls, SendsToSelfBeforeTheirReceives) {
   ASSERT_EQ(Recv(out.data(), n, MPI_INT, MPI_ANY_SOURCE, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
             MPI_SUCCESS);
   EXPECT_EQ(out, second);
+}
+
+// A receive from anyone passes over derivative messages (tags.h) that came
+// first, keeping them for their own receive, in order.
+TEST_P(MpiCalls, ReceivesFromAnyoneSetDerivativeMessagesAside) {
+  const int64_t n = Count();
+  const int derivative = DerivativeTag(4);
+  const auto first = Data(rank_, n), second = Data(rank_ + 1, n), value = Data(rank_ + 2, n);
+  ASSERT_EQ(Send(first.data(), n, MPI_INT, rank_, derivative, MPI_COMM_WORLD), MPI_SUCCESS);
+  ASSERT_EQ(Send(second.data(), n, MPI_INT, rank_, derivative, MPI_COMM_WORLD), MPI_SUCCESS);
+  std::vector<int> out(n + 1, -1);
+  MPI_Status status;
+  ASSERT_EQ(Sendrecv(value.data(), n, MPI_INT, rank_, 4, out.data(), n + 1, MPI_INT, MPI_ANY_SOURCE,
+                     MPI_ANY_TAG, MPI_COMM_WORLD, &status),
+            MPI_SUCCESS);
+  EXPECT_EQ(std::vector<int>(out.begin(), out.begin() + n), value);
+  EXPECT_EQ(status.MPI_TAG, 4);
+  const auto third = Data(rank_ + 3, n);
+  ASSERT_EQ(Send(third.data(), n, MPI_INT, rank_, derivative, MPI_COMM_WORLD), MPI_SUCCESS);
+  ASSERT_EQ(Send(value.data(), n, MPI_INT, rank_, 5, MPI_COMM_WORLD), MPI_SUCCESS);
+  out.assign(n + 1, -1);
+  ASSERT_EQ(Recv(out.data(), n + 1, MPI_INT, MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &status),
+            MPI_SUCCESS);
+  EXPECT_EQ(std::vector<int>(out.begin(), out.begin() + n), value);
+  EXPECT_EQ(status.MPI_TAG, 5);
+  std::vector<char> kept;
+  for (const auto* expected : {&first, &second, &third}) {
+    ASSERT_TRUE(TakeAside(rank_, derivative, MPI_COMM_WORLD, &kept, &status));
+    EXPECT_EQ(status.MPI_TAG, derivative);
+    EXPECT_EQ(status.MPI_SOURCE, rank_);
+    ASSERT_EQ(kept.size(), n * sizeof(int));
+    EXPECT_EQ(std::memcmp(kept.data(), expected->data(), kept.size()), 0);
+  }
+  EXPECT_FALSE(TakeAside(rank_, derivative, MPI_COMM_WORLD, &kept, &status));
 }
 
 INSTANTIATE_TEST_SUITE_P(Counts, MpiCalls,

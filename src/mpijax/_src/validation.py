@@ -7,6 +7,8 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
+from .runtime import core
+
 
 def static_int(value, name, op):
     if isinstance(value, jax.core.Tracer):
@@ -34,19 +36,15 @@ def rank(value, name, comm, op, *, allow=()):
     )
 
 
-# MPI guarantees the attribute on COMM_WORLD only; it bounds tags on every communicator.
-# The two highest tags are check mode's handshakes (csrc/check.h).
-_TAG_UB = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 2
-
-
 def tag(value, name, op, *, allow_any=False):
     value = static_int(value, name, op)
-    if (allow_any and value == MPI.ANY_TAG) or 0 <= value <= _TAG_UB:
+    largest = core.largest_tag()
+    if (allow_any and value == MPI.ANY_TAG) or 0 <= value <= largest:
         return value
     extra = " or MPI.ANY_TAG" if allow_any else ""
     raise ValueError(
-        f"mpijax.{op}: {name}={value} is out of range (expected 0 <= {name} <= {_TAG_UB}{extra}; "
-        "the two tags above are reserved for check mode)"
+        f"mpijax.{op}: {name}={value} is out of range (expected 0 <= {name} <= {largest}{extra}; "
+        "mpijax keeps the tags above it for the messages of derivatives and of check mode)"
     )
 
 

@@ -67,6 +67,13 @@ sendrecv_p = mpi_primitive(
 )
 
 
+def derivative(params):
+    """A call's parameters for a message of its derivatives, which travels
+    under a derivative tag (csrc/tags.h) so that no receive of values takes
+    it. Routed tags become derivative tags in C++."""
+    return {k: core.derivative_tag(v) if k in ("tag", "sendtag", "recvtag") else v for k, v in params.items()}
+
+
 @functools.cache
 def unrouted():
     """The route operand of a call whose peers are known at trace time."""
@@ -156,13 +163,13 @@ def sendrecv(
 
 
 def _jvp(prim):
-    """Linear: the tangents travel the same way, in a second message, which a
-    receive from anyone takes from the sender of the value (routed by the
-    value's envelope). The status describes the value's message only."""
+    """Linear: the tangents travel the same way, in a derivative message,
+    which a receive from anyone takes from the sender of the value (routed by
+    the value's envelope). The status describes the value's message only."""
 
     def jvp(primals, tangents, **params):
         outs = prim.bind_primal(*primals, **params)
-        route, tangent_params = primals[-1], dict(params)
+        route, tangent_params = primals[-1], derivative(params)
         if "status" in params:
             tangent_params["status"] = 0
         if receives_from_anyone(params):

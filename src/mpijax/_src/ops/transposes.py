@@ -14,7 +14,7 @@ from .. import comm as _comm
 from .. import jax_compat
 from ..primitive import linear_jvp, local_primitive
 from .collectives import allgather_p, alltoall_p, bcast_p, gather_p, scatter_p
-from .point_to_point import recv_p, send_p, sendrecv_p
+from .point_to_point import derivative, recv_p, send_p, sendrecv_p
 from .reductions import SUM, allreduce_p, exclusive_scan, reduce_p, scan_p
 
 
@@ -74,11 +74,11 @@ def _scan(cts, x, *, comm, op, reverse, exclusive):
     return scan_p.bind(_ct(cts), comm=comm, op=op, reverse=1 - reverse, exclusive=0)
 
 
+# Cotangents travel back the way the values came, from the receiver to the
+# sender (or the routed peer), under the derivative tag of the value's tag.
 def _send(cts, x, route, *, comm, dest, tag):
-    # The cotangent comes back from dest (or the routed peer), under the tag
-    # the value left with.
     template = jax_compat.transposed_receive_buffer(x.aval)
-    back, _ = recv_p.bind(template, route, comm=comm, source=dest, tag=tag, status=0)
+    back, _ = recv_p.bind(template, route, **derivative(dict(comm=comm, source=dest, tag=tag, status=0)))
     return [back, None]
 
 
@@ -86,7 +86,7 @@ def _send(cts, x, route, *, comm, dest, tag):
 # envelope (its JVP's tangent receive): this one never did.
 def _recv(cts, x, route, *, comm, source, tag, status):
     recv_p.check_transposable(source=source, tag=tag)
-    send_p.bind(_ct(cts), route, comm=comm, dest=source, tag=tag)
+    send_p.bind(_ct(cts), route, **derivative(dict(comm=comm, dest=source, tag=tag)))
     return [ad.Zero(x.aval), None]
 
 
@@ -96,12 +96,7 @@ def _sendrecv(cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recv
         _ct(cts),
         jax_compat.transposed_receive_buffer(sendbuf.aval),
         route,
-        comm=comm,
-        source=dest,
-        dest=source,
-        sendtag=recvtag,
-        recvtag=sendtag,
-        status=0,
+        **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0)),
     )
     return [back, ad.Zero(recvbuf.aval), None]
 
