@@ -1,6 +1,7 @@
 """Inputs for every rank, computed identically on every rank, so that each
 test can build its NumPy reference from all ranks' data without communicating."""
 
+import itertools
 import os
 import zlib
 
@@ -8,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 RANK = MPI.COMM_WORLD.Get_rank()
@@ -22,6 +24,22 @@ SHAPES = [(), (0,), (5,), (4, 2)]  # scalar, empty, odd, even (2-d)
 BIG = 8 * 2**20  # bytes: far above any eager (rendezvous) limit
 
 MODES = {"eager": lambda f: f, "jit": jax.jit}
+
+
+def checkerboard(**axes):
+    """Parametrizes `mode` and every axis (name -> values; a name "a,b" takes
+    tuples) over all combinations, each in one mode: eager where the indices
+    of its values add up to an even number, jit elsewhere. Every value of
+    every axis still runs both eager and jitted, with half the tests of both
+    modes everywhere (the MPI call is the same in both: only dispatch differs)."""
+    cases = []
+    for index in itertools.product(*(range(len(values)) for values in axes.values())):
+        chosen = [values[i] for values, i in zip(axes.values(), index, strict=True)]
+        flat = [v for name, value in zip(axes, chosen, strict=True) for v in (value if "," in name else (value,))]
+        cases.append((list(MODES)[sum(index) % 2], *flat))
+    label = lambda v: ("x".join(map(str, v)) or "scalar") if isinstance(v, tuple) else str(v)  # noqa: E731
+    return pytest.mark.parametrize(",".join(["mode", *axes]), cases, ids=["-".join(map(label, c)) for c in cases])
+
 
 # What mpirun gives its ranks; a process started without it is a job of its own.
 LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")

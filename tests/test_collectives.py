@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, data
+from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, checkerboard, data
 
 ROOTS = list(range(SIZE))
 
@@ -19,30 +19,21 @@ def run(mode, f, x):
     return MODES[mode](f)(x)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("root", ROOTS)
+@checkerboard(dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_bcast(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.bcast(x, root, comm=comm), xs[RANK])
     assert_equal(result, xs[root])
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("root", ROOTS)
+@checkerboard(dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_gather(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.gather(x, root, comm=comm), xs[RANK])
     assert_equal(result, np.stack(xs) if RANK == root else xs[RANK])
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("root", ROOTS)
+@checkerboard(dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_scatter(comm, mode, dtype, shape, root):
     blocks = data((SIZE, *shape), dtype, rank=root)  # only the root's data travels
     x = blocks if RANK == root else data(shape, dtype, RANK, seed=1)
@@ -50,18 +41,14 @@ def test_scatter(comm, mode, dtype, shape, root):
     assert_equal(result, blocks[RANK])
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@checkerboard(dtype=DTYPES, shape=SHAPES)
 def test_allgather(comm, mode, dtype, shape):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.allgather(x, comm=comm), xs[RANK])
     assert_equal(result, np.stack(xs))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@checkerboard(dtype=DTYPES, shape=SHAPES)
 def test_alltoall(comm, mode, dtype, shape):
     xs = all_data((SIZE, *shape), dtype)
     result = run(mode, lambda x: mpijax.alltoall(x, comm=comm), xs[RANK])

@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector, np_dtype
+from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector, checkerboard, np_dtype
 
 FOLDS = {
     "SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
@@ -58,17 +58,12 @@ def check(comm, mode, name, root, dtype, op, shape):
     assert_equal(result, expected(name, op, xs, root))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", ["allreduce", "reduce", "scan"])
-@pytest.mark.parametrize("dtype,op", [(d, o) for d in DTYPES for o in defined_ops(d)])
+@checkerboard(name=["allreduce", "reduce", "scan"], **{"dtype,op": [(d, o) for d in DTYPES for o in defined_ops(d)]})
 def test_every_op_and_dtype(comm, mode, name, dtype, op):
     check(comm, mode, name, SIZE - 1, dtype, op, (5,))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name,root", VARIANTS)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@checkerboard(**{"name,root": VARIANTS}, dtype=DTYPES, shape=SHAPES)
 def test_shapes_and_roots(comm, mode, name, root, dtype, shape):
     check(comm, mode, name, root, dtype, defined_ops(dtype)[0], shape)
 
@@ -122,10 +117,11 @@ def test_16bit_floats_reduce_in_16bit(comm, mode, name, dtype, op):
     assert_equal(result, expected(name, op, xs, SIZE - 1))
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"])
-@pytest.mark.parametrize("n", [1, 31, 32, 1000])
-@pytest.mark.parametrize("name", ["allreduce", "scan", "reduce"])
+@checkerboard(
+    dtype=["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"],
+    n=[1, 31, 32, 1000],
+    name=["allreduce", "scan", "reduce"],
+)
 def test_integer_sums_wrap_like_jax(comm, mode, dtype, n, name):
     """Overflowing integer sums wrap (two's complement), as jnp.sum does, at
     every length: Open MPI 4.1's vectorised SUM saturates 8- and 16-bit
