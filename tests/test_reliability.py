@@ -216,6 +216,24 @@ def test_check_mode_lets_the_matching_half_of_a_sendrecv_complete(comm, check):
         assert_equal(f(send, receive), np.full(4, PREV, np.float32))
 
 
+def test_check_mode_receive_of_an_mpi4py_send_waits_for_a_handshake(comm, check, timeout):
+    """mpi4py's send makes no handshake, so a checked receive of it waits:
+    the watchdog ends the wait, and the message is still there. (At one
+    rank the message is to oneself, which check mode does not check.)"""
+    message = np.arange(2.0)
+    request = comm.Isend(message, NEXT, tag=9)
+    if SIZE == 1:
+        assert_equal(mpijax.recv(jnp.zeros(2), PREV, tag=9, comm=comm), message)
+        request.Wait()
+        return
+    with pytest.raises(jax.errors.JaxRuntimeError, match=rf"mpijax\.recv on rank {RANK} of {SIZE} timed out"):
+        jax.block_until_ready(mpijax.recv(jnp.zeros(2), PREV, tag=9, comm=comm))
+    received = np.zeros(2)
+    comm.Recv(received, PREV, tag=9)
+    request.Wait()
+    assert_equal(received, message)
+
+
 def test_user_tags_stay_clear_of_derivative_and_handshake_tags(comm):
     """Users get the lower half of MPI's tags: derivatives and check mode's
     handshakes use the rest (csrc/tags.h)."""
