@@ -286,7 +286,8 @@ def run_mpi4py(cases, reps):
 
 
 def per_call_us(f, x, n=5000):
-    """Wall time of one call of a jitted function, over n calls in a row (best of three)."""
+    """Wall time of one call of f, over n calls in a row, each on the last
+    one's result (best of three)."""
     jax.block_until_ready(f(x))
 
     def once():
@@ -302,25 +303,32 @@ def per_call_us(f, x, n=5000):
 
 
 def run_dispatch():
-    """What an MPI call does to JAX's dispatch of a small jitted function
-    (at one rank, so that no waiting on another rank is counted). The others
-    are timed before mpijax is imported, since mpijax speeds up the dispatch
-    of every ordered effect (it passes the runtime token on in place)."""
+    """What an MPI call costs in JAX's dispatch: a small function called
+    eagerly and jitted, without MPI and with one allreduce of 8 bytes (at
+    one rank, so that no waiting on another rank is counted), and mpi4py's
+    Allreduce on NumPy arrays beside them. mpi4jax and JAX's ordered
+    io_callback are timed before mpijax is imported, which changes how JAX
+    passes the runtime token of every ordered effect."""
     import mpi4jax
     from jax.experimental import io_callback
 
     comm = WORLD.Dup()
     x = jnp.ones(2, jnp.float32)
     shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    functions = {
-        "without MPI": lambda x: x * 1.0,
-        f"mpi4jax {mpi4jax.__version__} allreduce": lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=comm) * 1.0,
-        "JAX io_callback(ordered=True)": lambda x: io_callback(lambda v: v, shape, x, ordered=True) * 1.0,
+
+    def both(f):  # (eager, jitted): the call alone, and jitted with a multiplication
+        return per_call_us(f, x), per_call_us(jax.jit(lambda x: f(x) * 1.0), x)
+
+    results = {
+        "without MPI (x * 1.0)": (per_call_us(lambda x: x * 1.0, x), per_call_us(jax.jit(lambda x: x * 1.0), x)),
+        f"mpi4jax {mpi4jax.__version__} allreduce": both(lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=comm)),
+        "JAX io_callback(ordered=True)": both(lambda x: io_callback(lambda v: v, shape, x, ordered=True)),
     }
-    results = {name: per_call_us(jax.jit(f), x) for name, f in functions.items()}
+    array, out = np.ones(2, np.float32), np.empty(2, np.float32)
+    results["mpi4py Allreduce on NumPy"] = (per_call_us(lambda _: (comm.Allreduce(array, out), out)[1], array), None)
     import mpijax
 
-    results["mpijax allreduce"] = per_call_us(jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm) * 1.0), x)
+    results["mpijax allreduce"] = both(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm))
     if RANK == 0:
         print(json.dumps({"dispatch_us": results}), flush=True)
 

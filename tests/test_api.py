@@ -38,14 +38,15 @@ MPI4JAX_SIGNATURES = {
     "has_cuda_support": "()",
     "has_sycl_support": "()",
 }
-# mpijax's own additions: the reliability switches (docs/failure-modes.md)
-# and the GPU helpers (docs/gpu.md).
+# mpijax's own additions: the reliability switches (docs/failure-modes.md),
+# the GPU helpers (docs/gpu.md) and waiting for queued calls (README).
 MPIJAX_EXTRAS = {
     "bind_local_gpu": "(comm=None)",
     "call_stats": "(*, reset=False)",
     "set_check": "(enabled=True)",
     "set_cuda_aware": "(enabled=True)",
     "set_timeout": "(seconds)",
+    "wait": "()",
 }
 
 

@@ -52,9 +52,9 @@ def run_example(tmp_path, path, n=2):
 
 
 def test_exit_right_after_dispatching_send_and_recv(tmp_path):
-    """Both ranks return from Python with their 8 MiB send/recv still queued
-    (rank 1 posts its receive a second late, so rank 0's send cannot have
-    finished); both must finish before MPI_Finalize."""
+    """Both ranks return from Python with their 8 MiB send/recv and a
+    collective still queued (rank 1 posts its receive a second late, so rank
+    0's send cannot have finished); all must finish before MPI_Finalize."""
     result = mpirun(
         tmp_path,
         """
@@ -69,12 +69,45 @@ def test_exit_right_after_dispatching_send_and_recv(tmp_path):
         else:
             time.sleep(1)
             jax.jit(lambda x: mpijax.recv(x, 0))(x)
+        mpijax.allreduce(x, MPI.SUM)
         print(f"rank {rank} leaves", flush=True)
         """,
     )
     assert result.returncode == 0, result.stderr
     # MPICH's hydra may join the ranks' lines ("rank 0 leavesrank 1 leaves")
     assert sorted(re.findall(r"rank (\d) leaves", result.stdout)) == ["0", "1"], result.stdout
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"JAX_CPU_ENABLE_ASYNC_DISPATCH": "0"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}],
+    ids=["synchronous dispatch", "two local devices"],
+)
+def test_order_and_dispatch_tests_in_other_runtimes(env):
+    """The order and dispatch tests again, with the CPU client running each
+    execution before dispatch returns, and with two local devices (where the
+    seal cannot know which device a program runs on, so programs keep JAX's
+    runtime token, and MPI programs on either device stay in order)."""
+    launcher = os.environ.get("MPIJAX_MPIRUN") or shutil.which("mpirun")
+    tests = [str(ROOT / "tests" / name) for name in ("test_ordering.py", "test_dispatch.py")]
+    flags = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), env.get("XLA_FLAGS")]))
+    job = fresh_job_env() | {"MPIJAX_TIMEOUT": "60"} | env | ({"XLA_FLAGS": flags} if flags else {})
+    command = [
+        launcher,
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "--color=no",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+    ]
+    result = subprocess.run(command, env=job, capture_output=True, text=True, timeout=600, cwd=ROOT / "tests")
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    assert re.search(r"\d+ passed", result.stdout), result.stdout[-2000:]
 
 
 @pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])

@@ -8,6 +8,7 @@ from ._src.ops import transposes as _transposes  # noqa: F401  (registers the tr
 from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, reduce, scan
+from ._src.primitive import wait
 from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
 from ._src.seed_api import Allreduce, Recv, Send, Sendrecv  # mpi4jax 0.2
 
@@ -37,4 +38,5 @@ __all__ = [
     "set_check",
     "set_cuda_aware",
     "set_timeout",
+    "wait",
 ]

@@ -1,5 +1,6 @@
 """Which dtypes MPI can carry, and which reductions are defined on them."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
@@ -84,6 +85,7 @@ def reduction_code(reduction, dtype, op):
 
 def array(x, op, arg="x"):
     """`x` as a JAX array of a supported dtype."""
-    x = jnp.asarray(x)
+    if not isinstance(x, jax.Array):  # asarray of an array is an eager call of its own
+        x = jnp.asarray(x)
     check_dtype(x.dtype, op, arg)
     return x

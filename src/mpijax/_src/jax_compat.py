@@ -1,19 +1,26 @@
 """Every use of JAX's private API, in one place (JAX 0.10 and newer)."""
 
 import contextvars
+import gc
+import inspect
 import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import util as _util
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.interpreters import pxla as _pxla
 from jax.extend.core import Effect, Primitive  # noqa: F401  (re-exported)
+from jax.extend.mlir.dialects import stablehlo as _hlo
 
 # The lowering compares token avals by identity: this must be JAX's singleton.
 abstract_token = getattr(jax.ffi, "abstract_token", None) or _core.abstract_token
@@ -66,6 +73,130 @@ def reuse_runtime_tokens_in_place():
         return reshard(self, effect, devices)
 
     token_set.get_token_input = get_token_input
+
+
+class _Seal:
+    """Executables whose ordered effect is sealed in: at the top level of a
+    program on one device, the effect's token is created inside the module
+    and dropped at its end, so the executable has no effect, keeps JAX's C++
+    dispatch path and can be compiled ahead of time. Inside the module the
+    token still orders every call (JAX threads it through nested jit, loops,
+    cond, custom derivatives and remat, all traced as before). Across
+    executions, order comes from the runtime: the PJRT CPU client runs one
+    device's executions one after the other in dispatch order (each waits
+    for the device's last enqueued execution, xla/pjrt/cpu/cpu_client.cc),
+    and a GPU runs them in stream order.
+
+    Only one device's programs are sealed: the first single-device program
+    with the effect fixes it, on a platform with one local device. Any other
+    program with the effect (another device, another platform) keeps JAX's
+    runtime token and runs alone: it waits until the sealed device has
+    finished what was queued, and its dispatch waits until it has run."""
+
+    device = None  # the device whose programs are sealed, once there is one
+
+    def __init__(self, effect):
+        self.effect = effect
+        self._drain = jax.jit(lambda x: x + 1)
+
+    def may_seal(self, backend, num_devices, platforms):
+        if num_devices != 1 or len(platforms) != 1 or backend is None:
+            return False
+        devices = backend.local_devices()
+        if len(devices) != 1 or self.device not in (None, devices[0]):
+            return False
+        self.device = devices[0]
+        return True
+
+    def drain(self):
+        """Wait until the sealed device has run every execution queued on it:
+        one more execution there finishes after all of them."""
+        if self.device is not None and backends_initialized():
+            self._drain(jax.device_put(np.int8(0), self.device)).block_until_ready()
+
+
+_sealed_p = Primitive("mpijax_sealed")
+_sealed_p.multiple_results = True
+
+
+def _lower_sealed(ctx, *args, jaxpr, effect):
+    outer = ctx.tokens_in  # the program's other ordered effects
+    inner = _mlir.TokenSet({**dict(outer.items()), effect: _hlo.create_token()})
+    results, tokens = _mlir.call_lowering(
+        "mpijax_sealed",
+        jaxpr,
+        None,
+        ctx.module_context,
+        ctx.avals_in,
+        ctx.avals_out,
+        inner,
+        *args,
+        dim_var_values=ctx.dim_var_values,
+        const_lowering=ctx.const_lowering,
+    )
+    ctx.set_tokens_out(outer.update_tokens(_mlir.TokenSet({e: tokens.get(e) for e, _ in outer.items()})))
+    return results
+
+
+_mlir.register_lowering(_sealed_p, _lower_sealed, cacheable=False)
+
+
+def _sealed(closed, effect):
+    """`closed` as one call of _sealed_p, whose effects lack `effect`."""
+    invars = [_core.Var(v.aval) for v in closed.jaxpr.invars]
+    outvars = [_core.Var(aval) for aval in closed.out_avals]
+    effects = frozenset(closed.effects - {effect})
+    eqn = _core.new_jaxpr_eqn(invars, outvars, _sealed_p, {"jaxpr": closed, "effect": effect}, effects)
+    jaxpr = _core.Jaxpr((), invars, outvars, [eqn], effects, closed.jaxpr.debug_info)
+    return _core.ClosedJaxpr(jaxpr, ())
+
+
+def seal_at_top_level(effect):
+    """Seal `effect` into the programs that JAX lowers from now on where it
+    can (see _Seal), and make the programs it cannot seal wait for the
+    sealed ones. Returns the _Seal, or None where this JAX lacks the hook
+    (then every program keeps JAX's runtime token, as without this)."""
+    lower = getattr(_pxla, "_cached_lowering_to_hlo", None)
+    # It is cached (weakref_lru_cache): its parameters are those of the
+    # function that the cache holds.
+    functions = [
+        f for f in gc.get_referents(lower) if inspect.isfunction(f) and f.__name__ == "_cached_lowering_to_hlo"
+    ]
+    signature = inspect.signature(functions[0]) if functions else None
+    if signature is None or not {"closed_jaxpr", "backend", "num_devices", "platforms"} <= signature.parameters.keys():
+        return None
+    seal = _Seal(effect)
+
+    @_util.weakref_lru_cache
+    def lowering(closed_jaxpr, *args, **kwargs):
+        given = signature.bind(closed_jaxpr, *args, **kwargs).arguments
+        if effect in closed_jaxpr.effects and seal.may_seal(given["backend"], given["num_devices"], given["platforms"]):
+            closed_jaxpr = _sealed(closed_jaxpr, effect)
+        return lower(closed_jaxpr, *args, **kwargs)
+
+    _pxla._cached_lowering_to_hlo = lowering
+
+    token_set = _dispatch.RuntimeTokenSet
+    get_input, set_result, block = token_set.get_token_input, token_set.set_token_result, token_set.block_until_ready
+
+    def get_token_input(self, eff, devices):
+        if eff == effect:
+            seal.drain()
+        return get_input(self, eff, devices)
+
+    def set_token_result(self, eff, token):
+        set_result(self, eff, token)
+        if eff == effect and seal.device is not None:
+            token.block_until_ready()
+
+    def block_until_ready(self):
+        seal.drain()
+        block(self)
+
+    token_set.get_token_input = get_token_input
+    token_set.set_token_result = set_token_result
+    token_set.block_until_ready = block_until_ready
+    return seal
 
 
 def align_with_transformation(args, vmap=True):

@@ -2,6 +2,7 @@
 evaluation and the FFI lowering that threads the token; plus the helpers that
 the autodiff and vmap rules of every op share."""
 
+import atexit
 from functools import partial
 
 import jax
@@ -24,6 +25,19 @@ class MpiEffect(jax_compat.Effect):
 mpi_effect = MpiEffect()
 jax_compat.register_ordered_effect(MpiEffect)
 jax_compat.reuse_runtime_tokens_in_place()
+seal = jax_compat.seal_at_top_level(mpi_effect)
+
+
+def wait():
+    """Block until every MPI call dispatched so far, from any thread, has run
+    (jax.effects_barrier() does the same)."""
+    jax.effects_barrier()
+
+
+# Python may reach MPI_Finalize (mpi4py calls it after every atexit function)
+# with MPI calls still queued; JAX's own atexit function runs after its
+# backends are gone, too late to drain a sealed device.
+atexit.register(wait)
 
 
 class MpiPrimitive(jax_compat.Primitive):
@@ -33,8 +47,24 @@ class MpiPrimitive(jax_compat.Primitive):
 
     routed = False  # whether the last operand is a route (point_to_point.py), which is never aligned
 
+    def __init__(self, name):
+        super().__init__(name)
+        self._eager = {}
+
     def bind(self, *args, **params):
+        if jax_compat.is_eager():
+            return self._compiled(params)(*args)
         return super().bind(*self._aligned(args, vmap=True), **params)
+
+    def _compiled(self, params):
+        """The call alone, jitted: what JAX's eager evaluation runs, without
+        its per-call steps (trace lookup, keyword hashing), so an eager MPI
+        call costs about what a jitted one does."""
+        key = tuple(sorted(params.items()))
+        compiled = self._eager.get(key)
+        if compiled is None:
+            compiled = self._eager[key] = jax.jit(lambda *args: jax_compat.Primitive.bind(self, *args, **params))
+        return compiled
 
     def bind_primal(self, *args, **params):
         """The primal call of a JVP rule. Under vmap it is batched only where
