@@ -75,6 +75,24 @@ def reuse_runtime_tokens_in_place():
     token_set.get_token_input = get_token_input
 
 
+def aot_calls_thread_runtime_tokens():
+    """An ahead-of-time compiled program (`jax.jit(f).lower(x).compile()`)
+    is called through JAX's C++ fast path whenever it has no unordered
+    effect, even when it has an ordered one, whose runtime token that path
+    does not pass: the second call fails ("Execution supplied 1 arguments but
+    compiled program expected 2"). Programs with an ordered effect that mpijax
+    could not seal (see _Seal) take the Python path, which passes the token."""
+    executable = _pxla.MeshExecutable
+    create_cpp_call = executable.create_cpp_call
+
+    def create_cpp_call_without_tokens(self, params):
+        if getattr(self.unsafe_call, "ordered_effects", None):
+            return None
+        return create_cpp_call(self, params)
+
+    executable.create_cpp_call = create_cpp_call_without_tokens
+
+
 class _Seal:
     """Executables whose ordered effect is sealed in: at the top level of a
     program on one device, the effect's token is created inside the module

@@ -20,11 +20,15 @@ class MpiEffect(jax_compat.Effect):
     token through all of them, so they run in program order on every rank."""
 
     __str__ = lambda self: "Mpi"  # noqa: E731
+    # All instances are the one effect, as jax.export's deserializer needs.
+    __eq__ = lambda self, other: isinstance(other, MpiEffect)  # noqa: E731
+    __hash__ = lambda self: hash(MpiEffect)  # noqa: E731
 
 
 mpi_effect = MpiEffect()
 jax_compat.register_ordered_effect(MpiEffect)
 jax_compat.reuse_runtime_tokens_in_place()
+jax_compat.aot_calls_thread_runtime_tokens()
 seal = jax_compat.seal_at_top_level(mpi_effect)
 
 
