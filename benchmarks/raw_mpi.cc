@@ -11,8 +11,9 @@
 // its own: a buffer that one rank has just written is slower for the other to
 // read than one it only reads (several times slower on the benchmark machine
 // at 64 KiB). So results feed the next call: reductions in place, the
-// ping-pong echoes what it received, sendrecv alternates two buffers, and
-// allgather/alltoall write one element of the result back into the input.
+// ping-pong echoes what it received, sendrecv alternates two buffers,
+// sendrecv_inplace receives into the buffer it sends (MPI_Sendrecv_replace),
+// and allgather/alltoall write one element of the result back into the input.
 // MPI runs at MPI_THREAD_MULTIPLE, the level mpi4py (and so every Python
 // binding) asks for.
 //   raw_mpi REPS SIZE [SIZE...]   every operation at these sizes (bytes)
@@ -32,7 +33,8 @@
 
 namespace {
 
-const char* const kOps[] = {"allreduce", "bcast", "allgather", "alltoall", "sendrecv", "pingpong"};
+const char* const kOps[] = {"allreduce",        "bcast",   "allgather", "alltoall", "sendrecv",
+                            "sendrecv_inplace", "pingpong"};
 
 int Iterations(long bytes) { return static_cast<int>(std::clamp(268435456L / bytes, 40L, 10000L)); }
 
@@ -73,6 +75,11 @@ void TimeCase(const std::string& op, long bytes, int reps) {
                    MPI_STATUS_IGNORE);
       MPI_Sendrecv(y.data(), n, MPI_FLOAT, next, 0, x.data(), n, MPI_FLOAT, prev, 0, MPI_COMM_WORLD,
                    MPI_STATUS_IGNORE);
+    };
+  } else if (op == "sendrecv_inplace") {
+    call = [&] {
+      MPI_Sendrecv_replace(x.data(), n, MPI_FLOAT, next, 0, prev, 0, MPI_COMM_WORLD,
+                           MPI_STATUS_IGNORE);
     };
   } else if (op == "pingpong") {
     per_call = 2;

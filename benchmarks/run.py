@@ -7,6 +7,8 @@ targets) and one PNG per operation to the output folder.
     python benchmarks/run.py --quick    # a smoke run of a minute or two
     python benchmarks/run.py --gpu      # on an NVIDIA GPU: staged mpijax and
                                         # mpi4jax against a device-host-device copy
+    python benchmarks/run.py --hugepages  # every implementation's malloc on
+                                          # transparent huge pages (huge_pages.py)
 """
 
 import argparse
@@ -23,17 +25,27 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-OPS = ["allreduce", "bcast", "allgather", "alltoall", "sendrecv", "pingpong"]
+OPS = ["allreduce", "bcast", "allgather", "alltoall", "sendrecv", "sendrecv_inplace", "pingpong"]
 WHAT = {
     "allreduce": "MPI_Allreduce SUM of float32",
     "bcast": "broadcast from rank 0",
     "allgather": "allgather; size = each rank's block",
     "alltoall": "alltoall; size = each block sent to a rank",
     "sendrecv": "sendrecv around the ring",
+    "sendrecv_inplace": "sendrecv(x, x) around the ring, the README idiom",
     "pingpong": "send/recv ping-pong; time of one way",
 }
 MARKS = {8: "8 B", 65536: "64 KiB", 16777216: "16 MiB"}
 GPU_SIZES = [4096, 2**20, 2**26]
+# glibc >= 2.35 then asks the kernel for transparent huge pages for malloc's
+# heap and its mmap'ed chunks (XLA:CPU's buffers, std::vector). glibc reads it
+# once, at process start; it does nothing where THP is "never".
+HUGETLB = "glibc.malloc.hugetlb=1"
+
+
+def with_huge_pages(env):
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")]
+    return env | {"GLIBC_TUNABLES": ":".join([*tunables, HUGETLB])}
 
 
 def human(nbytes):
@@ -43,8 +55,8 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
-def mpirun(n, *command, serve=False):
-    env = dict(os.environ)
+def mpirun(n, *command, serve=False, env=None):
+    env = dict(os.environ if env is None else env)
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")  # on a GPU, the two ranks share it
     if os.geteuid() == 0:
@@ -58,11 +70,13 @@ def mpirun(n, *command, serve=False):
 
 def summary(entry):
     """A case with its repetitions' min, median and max (every timer prints
-    only its repetitions), and a line of progress."""
-    times = sorted(entry["times"])
-    entry = entry | dict(min=times[0], median=statistics.median(times), max=times[-1], times=times)
+    only its repetitions, kept in the order taken, round after round), and a
+    line of progress."""
+    times = entry["times"]
+    entry = entry | dict(min=min(times), median=statistics.median(times), max=max(times))
     size = human(entry["bytes"])
-    print(f"  {entry['impl'][:16]:16s} {entry['op']:10s} {size:>7s}  {entry['median']:12.2f} us", flush=True)
+    name = entry.get("server", entry["impl"])[:16]
+    print(f"  {name:16s} {entry['op']:10s} {size:>7s}  {entry['median']:12.2f} us", flush=True)
     return entry
 
 
@@ -81,7 +95,7 @@ def collect(process, results, stage):
     return process.returncode == 0
 
 
-def interleaved(servers, sizes, rounds, results):
+def interleaved(servers, sizes, rounds, results, ops=OPS):
     """Every implementation case by case: each is a server under its own
     mpirun (`--serve`), asked for one case at a time, in an order that rotates
     from case to case. This machine has slow phases that last minutes (the
@@ -109,7 +123,7 @@ def interleaved(servers, sizes, rounds, results):
     names, failed = list(servers), []
     for name in list(names):  # a first call pays for setting MPI up: not a case
         ask(name, OPS[0], 8)
-    cases = [(op, nbytes) for nbytes in sizes for op in OPS]
+    cases = [(op, nbytes) for nbytes in sizes for op in ops]
     pooled = {}
     for lap in range(rounds):
         print(f"== round {lap + 1} of {rounds}", flush=True)
@@ -120,6 +134,7 @@ def interleaved(servers, sizes, rounds, results):
                     answer = ask(name, op, nbytes)
                     if answer is None:
                         continue
+                    answer["server"] = name
                     times = pooled.setdefault((name, op, nbytes), [])
                     times += answer["times"]
                     if lap < rounds - 1:
@@ -196,6 +211,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 sizes, 2 repetitions, 10k calls for memory")
     parser.add_argument("--gpu", action="store_true", help=f"on a GPU: sizes {GPU_SIZES}, into docs/benchmarks/gpu")
+    parser.add_argument("--hugepages", action="store_true",
+                        help=f"every implementation under GLIBC_TUNABLES={HUGETLB} (see huge_pages.py)")  # fmt: skip
     parser.add_argument("--output", type=pathlib.Path)
     parser.add_argument("--only", nargs="+", metavar="STAGE",
                         help="run only these stages and keep the others' results from the output folder")  # fmt: skip
@@ -205,6 +222,8 @@ def main():
     reps, rounds = (2, 1) if args.quick else (3, 3)
     calls = 10_000 if args.quick else 100_000
     started = time.time()
+    if args.hugepages:
+        os.environ.update(with_huge_pages(os.environ))  # every mpirun below passes it on
 
     results, minutes, failed, rotation = [], 0.0, [], None
     saved = args.output / "results.json"
@@ -238,6 +257,7 @@ def main():
         "mpi": subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "python": platform.python_version(),
         "quick": args.quick,
+        "hugepages": args.hugepages,
         "gpu": args.gpu,
         "mps": args.gpu and mps_running(),
         **({"gpu_name": gpu_name()} if args.gpu else {}),

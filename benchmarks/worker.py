@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 from mpi4py import MPI
 
-OPS = ["allreduce", "bcast", "allgather", "alltoall", "sendrecv", "pingpong"]
+OPS = ["allreduce", "bcast", "allgather", "alltoall", "sendrecv", "sendrecv_inplace", "pingpong"]
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
@@ -54,7 +54,8 @@ def slowest(seconds):
 # step). Each step's input depends on the previous step's result, so that XLA
 # can neither hoist a collective out of the loop nor drop it, and results are
 # written in place where the binding can. sendrecv alternates two buffers (two
-# operations a step). raw_mpi.cc moves its data the same way.
+# operations a step); sendrecv_inplace receives into the array it sends, the
+# README's idiom. raw_mpi.cc moves its data the same way.
 # allgather and alltoall, whose result has another shape, write one element of
 # it, at an index XLA cannot know in advance, back into their input.
 
@@ -99,6 +100,7 @@ def mpi_bodies(lib, comm):
         "allgather": _fed_one_element(lambda x: lib.allgather(x, comm=comm)),
         "alltoall": _fed_one_element(lambda x: lib.alltoall(x, comm=comm)),
         "sendrecv": _alternating(lambda s, r: lib.sendrecv(s, r, PREV, NEXT, comm=comm)),
+        "sendrecv_inplace": _fed_back(lambda x: lib.sendrecv(x, x, PREV, NEXT, comm=comm)),
         "pingpong": _fed_back(pingpong, 2),
     }
 
@@ -112,6 +114,7 @@ def jax_native_bodies():
         "allgather": _fed_one_element(lambda x: lax.all_gather(x, "i")),
         "alltoall": _fed_one_element(lambda x: lax.all_to_all(x, "i", 0, 0)),
         "sendrecv": _alternating(lambda s, r: lax.ppermute(s, "i", ring)),
+        "sendrecv_inplace": _fed_back(lambda x: lax.ppermute(x, "i", ring)),
         "pingpong": _fed_back(lambda x: lax.ppermute(lax.ppermute(x, "i", [(0, 1)]), "i", [(1, 0)]), 2),
     }
 
@@ -257,6 +260,11 @@ def run_mpi4py(cases, reps):
             comm.Bcast(buf, 0)
             return jnp.asarray(buf)
 
+        def sendrecv_inplace(x):
+            buf = np.array(x)  # a writable copy, as for bcast
+            comm.Sendrecv_replace(buf, NEXT, source=PREV)
+            return jnp.asarray(buf)
+
         return {
             "allreduce": lambda x: (comm.Allreduce(np.asarray(x), recv), jnp.asarray(recv))[1],
             "bcast": bcast,
@@ -265,6 +273,7 @@ def run_mpi4py(cases, reps):
             "allgather": lambda x: (comm.Allgather(np.asarray(x)[:n], recv), jnp.asarray(recv))[1],
             "alltoall": lambda x: (comm.Alltoall(np.asarray(x), recv), jnp.asarray(recv))[1],
             "sendrecv": lambda x: (comm.Sendrecv(np.asarray(x), NEXT, recvbuf=recv, source=PREV), jnp.asarray(recv))[1],
+            "sendrecv_inplace": sendrecv_inplace,
             "pingpong": pingpong,
         }[op]
 
@@ -285,10 +294,62 @@ def run_mpi4py(cases, reps):
         report("mpi4py + NumPy", op, nbytes, times)
 
 
+def numpy_call(comm, op, x, y):
+    """One operation of run_numpy on x (and y), data flowing as in raw_mpi.cc."""
+    flat, step = x.reshape(-1), [0]
+
+    def feed_back():
+        step[0] += 1
+        flat[step[0] % flat.size] = y[(step[0] * 7) % y.size]
+
+    def sendrecv():
+        comm.Sendrecv(x, NEXT, recvbuf=y, source=PREV)
+        comm.Sendrecv(y, NEXT, recvbuf=x, source=PREV)
+
+    def pingpong():
+        peer = 1 - RANK
+        for transfer in (comm.Send, comm.Recv) if RANK == 0 else (comm.Recv, comm.Send):
+            transfer(x, peer)
+
+    return {
+        "allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, x),
+        "bcast": lambda: comm.Bcast(x, 0),
+        "allgather": lambda: (comm.Allgather(x, y), feed_back()),
+        "alltoall": lambda: (comm.Alltoall(x, y), feed_back()),
+        "sendrecv": sendrecv,
+        "sendrecv_inplace": lambda: comm.Sendrecv_replace(x, NEXT, source=PREV),
+        "pingpong": pingpong,
+    }[op]
+
+
+def run_numpy(cases, reps):
+    """mpi4py on NumPy arrays alone, no JAX. NumPy asks for transparent huge
+    pages for arrays of 4 MiB and more."""
+    comm = WORLD.Dup()
+    for op, nbytes in cases:
+        iters = iterations(nbytes)
+        x = np.ones(shape_of(op, nbytes), np.float32)
+        call = numpy_call(comm, op, x, np.zeros(SIZE * x.size if op == "allgather" else x.size, np.float32))
+        per_call = 2 if op in ("sendrecv", "pingpong") else 1
+        times = []
+        for rep in range(reps + 1):
+            WORLD.Barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            if rep:
+                times.append(slowest((time.perf_counter() - start) / (iters * per_call)) * 1e6)
+        report("mpi4py, NumPy only", op, nbytes, times)
+
+
 def per_call_us(f, x, n=5000):
     """Wall time of one call of f, over n calls in a row, each on the last
-    one's result (best of three)."""
+    one's result (best of three); fewer calls where one takes more than
+    100 µs (mpi4jax's eager calls take milliseconds)."""
     jax.block_until_ready(f(x))
+    start = time.perf_counter()
+    jax.block_until_ready(f(x))
+    n = int(min(n, max(20, WORLD.allreduce(0.5 / (time.perf_counter() - start), MPI.MIN))))
 
     def once():
         WORLD.Barrier()
@@ -315,6 +376,7 @@ def run_dispatch():
     comm = WORLD.Dup()
     x = jnp.ones(2, jnp.float32)
     shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    identity = lambda v: v  # noqa: E731
 
     def both(f):  # (eager, jitted): the call alone, and jitted with a multiplication
         return per_call_us(f, x), per_call_us(jax.jit(lambda x: f(x) * 1.0), x)
@@ -322,7 +384,8 @@ def run_dispatch():
     results = {
         "without MPI (x * 1.0)": (per_call_us(lambda x: x * 1.0, x), per_call_us(jax.jit(lambda x: x * 1.0), x)),
         f"mpi4jax {mpi4jax.__version__} allreduce": both(lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=comm)),
-        "JAX io_callback(ordered=True)": both(lambda x: io_callback(lambda v: v, shape, x, ordered=True)),
+        # One callback object: a new one per call would recompile per call.
+        "JAX io_callback(ordered=True)": both(lambda x: io_callback(identity, shape, x, ordered=True)),
     }
     array, out = np.ones(2, np.float32), np.empty(2, np.float32)
     results["mpi4py Allreduce on NumPy"] = (per_call_us(lambda _: (comm.Allreduce(array, out), out)[1], array), None)
@@ -370,6 +433,7 @@ RUNNERS = {
     "mpijax-check": lambda cases, reps: run_mpijax(cases, reps, check=True),
     "mpi4jax": run_mpi4jax,
     "mpi4py": run_mpi4py,
+    "numpy": run_numpy,
     "jax": run_jax_native,
 }
 

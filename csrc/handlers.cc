@@ -499,9 +499,9 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
   info.recv_tag = static_cast<int>(recvtag);
   info.recv_dtype = ElementOf(recv.element_type()).name;
   info.recv_shape = ShapeOf(recv);
-  // The output aliases recv; MPI forbids it to overlap send, and an
+  // The output may alias recv; MPI forbids it to overlap send, and an
   // overlapping send is copied on the host (XLA copies an operand passed
-  // twice, but this does not rely on it).
+  // twice, and sendrecv(x, x) does not alias, but this does not rely on it).
   const bool overlap = send.size_bytes() > 0 && send.untyped_data() == y->untyped_data();
   return Run<Memory>(
       ctx, info, comm, [&](const Comm&) { return overlap; },

@@ -1,15 +1,18 @@
 """send, recv, sendrecv: ring exchanges checked against the neighbour's input,
 status objects, tags, MPI.PROC_NULL and short messages."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from mpi4py import MPI
 
 import mpijax
 
-from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
+from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
 
 # A receive that waits for a message that never comes fails, not hangs.
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -55,6 +58,37 @@ def test_8MiB(comm, mode, name):
     f = (lambda x: ring(x, comm)) if name == "ring" else (lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))
     result = MODES[mode](f)(big_vector(RANK))
     np.testing.assert_array_equal(result, big_vector(PREV))
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["plain", "check_mode"])
+@pytest.mark.parametrize("shape", [(5,), (BIG // 4,)], ids=["5", "8MiB"])
+def test_sendrecv_in_place_in_a_loop(comm, check, shape):
+    """The README's idiom, x = sendrecv(x, x, ...), in a jitted fori_loop: after
+    5 steps around the ring (not a multiple of 2 or 3 ranks), each rank holds
+    the input of the rank 5 before it."""
+    steps = 5
+    xs = all_data(shape, "float32")
+    f = jax.jit(lambda x: lax.fori_loop(0, steps, lambda i, x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), x))
+    mpijax.set_check(check)
+    try:
+        result = f(xs[RANK])
+        jax.block_until_ready(result)
+    finally:
+        mpijax.set_check(False)
+    assert_equal(result, xs[(RANK - steps) % SIZE])
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["alone", "fori_loop"])
+def test_sendrecv_in_place_is_not_copied_first(comm, loop):
+    """sendrecv(x, x) hands x itself to the call. An output aliased to recvbuf
+    would make XLA copy x first (the call reads x while writing the output):
+    a copy per call, and in a loop a second one."""
+    step = lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm)  # noqa: E731
+    f = (lambda x: lax.fori_loop(0, 3, lambda i, x: step(x), x)) if loop else step
+    text = jax.jit(f).lower(jnp.ones(1024, jnp.float32)).compile().as_text()
+    call = re.search(r"custom-call\((%[\w.\-]+), (%[\w.\-]+),[^\n]*custom_call_target=\"mpijax_sendrecv\"", text)
+    assert call is not None, text
+    assert call.group(1) == call.group(2), call.group(0)
 
 
 def test_sendrecv_different_shapes_and_dtypes(comm):

@@ -49,7 +49,11 @@ def check_transposable(name):
 
 
 # Receives write into their template's buffer (aliased): a loop carry then
-# needs no copy.
+# needs no copy. Not sendrecv(x, x) (alias_recvbuf=0): the call reads x while
+# it writes its output, so XLA would copy x to alias it, and in a loop copy
+# the result back into the carry as well. Unaliased, the result has a buffer
+# of its own: no copy outside a loop, one inside (what any binding needs,
+# since a buffer cannot be sent and received over in one step).
 send_p = mpi_primitive("send", lambda x, route, **p: [], routed=True)
 recv_p = mpi_primitive(
     "recv",
@@ -61,7 +65,8 @@ recv_p = mpi_primitive(
 sendrecv_p = mpi_primitive(
     "sendrecv",
     lambda sendbuf, recvbuf, route, **p: [recvbuf, ENVELOPE],
-    lambda s, r, route, **p: {1: 0},
+    lambda s, r, route, **p: {1: 0} if p["alias_recvbuf"] else None,
+    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status"),
     routed=True,
     check_transposable=check_transposable("sendrecv"),
 )
@@ -147,6 +152,7 @@ def sendrecv(
     from `source` in one deadlock-free step."""
     validation.no_token(token, "sendrecv")
     comm = _comm.resolve(comm, "sendrecv")
+    alias_recvbuf = int(recvbuf is not sendbuf)
     sendbuf = dtypes.array(sendbuf, "sendrecv", "sendbuf")
     recvbuf = dtypes.array(recvbuf, "sendrecv", "recvbuf")
     params = dict(
@@ -156,6 +162,7 @@ def sendrecv(
         sendtag=validation.tag(sendtag, "sendtag", "sendrecv"),
         recvtag=validation.tag(recvtag, "recvtag", "sendrecv", allow_any=True),
         status=_status_address(status, "sendrecv"),
+        alias_recvbuf=alias_recvbuf,
     )
     y, envelope = sendrecv_p.bind(sendbuf, recvbuf, unrouted(), **params)
     _fill(status, envelope)

@@ -90,13 +90,14 @@ def _recv(cts, x, route, *, comm, source, tag, status):
     return [ad.Zero(x.aval), None]
 
 
-def _sendrecv(cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status):
+def _sendrecv(cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status, alias_recvbuf):
     sendrecv_p.check_transposable(source=source, recvtag=recvtag)
     back, _ = sendrecv_p.bind(
         _ct(cts),
         jax_compat.transposed_receive_buffer(sendbuf.aval),
         route,
         **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0)),
+        alias_recvbuf=1,
     )
     return [back, ad.Zero(recvbuf.aval), None]
 
