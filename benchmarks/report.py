@@ -135,19 +135,23 @@ def _summary(table, impls):
 
 READING = """How to read the misses. The targets are the issue's: at 8 B, mpijax within 1 µs of the C++
 reference; from 1 MiB up, at least 95 % of its bandwidth at every size. At 8 B, mpijax's gap to
-the C++ reference is the cost of one XLA custom call around the same MPI call, and it is smaller
-than mpi4jax's for every operation. From 1 MiB up, repetitions of one case fall into groups, one
-per round, that can differ several-fold (every repetition is in results.json), and how the
-buffer's memory is mapped matters: `benchmarks/buffer_memory.py` times the same 16 MiB
-`MPI_Bcast` from a NumPy array, which NumPy puts mostly on transparent huge pages, and from
-plain 4 KiB pages, which is where XLA's buffers are (`buffer_memory.log`: the NumPy array was
-faster in each of its three runs, by 1.15 to 1.98 times, on a loaded machine). The C++ reference
-is therefore no lower bound: its `std::vector`, like the plain pages there, gets no huge pages
-(they are `madvise`-only on this machine), and mpi4py on NumPy arrays beats it at some sizes.
+the C++ reference is the cost of one XLA custom call around the same MPI call, which mpi4jax
+pays too (the 8 B rows). From 1 MiB up, repetitions of one case fall into groups, one per
+round, that can differ several-fold (every repetition is in results.json), and how the buffer's
+memory is mapped matters: `benchmarks/buffer_memory.py` times the same 16 MiB `MPI_Bcast` from
+a NumPy array, which NumPy puts mostly on transparent huge pages, and from plain 4 KiB pages,
+which is where XLA's buffers are (`buffer_memory.log`: the NumPy array was faster in each of its
+three runs, by 1.15 to 1.98 times, on a loaded machine). The C++ reference is therefore no lower
+bound: its `std::vector`, like the plain pages there, gets no huge pages (they are
+`madvise`-only on this machine), and mpi4py on NumPy arrays beats it at some sizes. Started with
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, mpijax and the C++ reference get huge pages too, and
+then match or beat mpi4py on NumPy arrays at most sizes (`huge_pages.log`, from
+`benchmarks/huge_pages.py`; what to do is in [docs/performance.md](../performance.md)).
 mpijax's compiled loops have no copy of the message except alltoall's, where the benchmark's
-write-back into the reshaped input costs one copy of the input per iteration (for mpi4jax too);
-mpi4jax's allreduce loop copies the message every iteration (`loop_copies.log`, from
-`benchmarks/loop_copies.py`)."""
+write-back into the reshaped input costs one copy of the input per iteration, and
+sendrecv_inplace's, whose result cannot be written over the array it sends and is copied back
+into the loop's carry (both for mpi4jax too); mpi4jax's allreduce loop copies the message every
+iteration (`loop_copies.log`, from `benchmarks/loop_copies.py`)."""
 
 
 def _targets(table):
