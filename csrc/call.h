@@ -18,7 +18,7 @@ struct Shape {
 };
 
 struct CallInfo {
-  const char* op;
+  const char* op = "-";
   int64_t count = 0;
   const char* dtype = "-";
   int64_t bytes = 0;

@@ -121,8 +121,11 @@ Shape ShapeOf(const ffi::AnyBuffer& x) {
 }
 
 CallInfo Describe(const char* op, const ffi::AnyBuffer& x) {
-  CallInfo info{op, static_cast<int64_t>(x.element_count()), ElementOf(x.element_type()).name,
-                static_cast<int64_t>(x.size_bytes())};
+  CallInfo info;
+  info.op = op;
+  info.count = static_cast<int64_t>(x.element_count());
+  info.dtype = ElementOf(x.element_type()).name;
+  info.bytes = static_cast<int64_t>(x.size_bytes());
   info.shape = ShapeOf(x);
   return info;
 }
@@ -443,7 +446,8 @@ ffi::Error Alltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, 
 
 template <class Memory>
 ffi::Error Barrier(typename Memory::Context ctx, ffi::Token, TokenOut, int64_t comm) {
-  CallInfo info{"barrier"};
+  CallInfo info;
+  info.op = "barrier";
   return Run<Memory>(ctx, info, comm, kNoHostAccess,
                      [&](const Comm& c, Memory&) { return mpi::Barrier(c.handle); });
 }

@@ -48,7 +48,7 @@ stage() {  # stage NAME COMMAND...: run, log, remember the outcome and time
 xla_ffi=$("$python" -c "import jax.ffi; print(jax.ffi.include_dir())")
 ctest_stage() {  # ctest_stage NAME CMAKE_ARGS...: build the GoogleTest suite in build/NAME, run it
   local name=$1; shift
-  stage "$name" bash -c "'$cmake' -S . -B build/$name -DMPIJAX_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release \
+  stage "$name" bash -c "'$cmake' -S . -B build/$name -DMPIJAX_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_COMPILE_WARNING_AS_ERROR=ON \
     -DXLA_FFI_INCLUDE_DIR='$xla_ffi' $* >/dev/null \
     && '$cmake' --build build/$name -j >/dev/null && cd build/$name && ctest --output-on-failure"
 }

@@ -28,7 +28,11 @@ int Size() {
 
 // A call on a vector of n four-byte elements.
 CallInfo Vector(const char* op, const char* dtype, int64_t n) {
-  CallInfo call{op, n, dtype, 4 * n};
+  CallInfo call;
+  call.op = op;
+  call.count = n;
+  call.dtype = dtype;
+  call.bytes = 4 * n;
   call.shape.ndim = 1;
   call.shape.dims[0] = n;
   return call;
@@ -73,7 +77,9 @@ TEST(Check, CollectiveMismatchIsReportedOnEveryRank) {
   want +=
       " called allreduce(SUM) of float32[4]; rank 1 called allreduce(SUM) of float32[5] with root "
       "0";
-  if (Size() <= 4) EXPECT_EQ(mismatch, want);
+  if (Size() <= 4) {
+    EXPECT_EQ(mismatch, want);
+  }
 }
 
 TEST(Check, AnySourceAndAnyTagAreNarrowedToTheMatchedSender) {
@@ -97,7 +103,9 @@ TEST(Check, AnySourceAndAnyTagAreNarrowedToTheMatchedSender) {
 std::pair<std::string, bool> Pair(const CallInfo& sent, const CallInfo& wanted) {
   std::string mismatch;
   CallInfo call = Rank() == 0 ? sent : wanted;
-  if (Rank() < 2) EXPECT_EQ(Agree(call, MPI_COMM_WORLD, &mismatch), MPI_SUCCESS);
+  if (Rank() < 2) {
+    EXPECT_EQ(Agree(call, MPI_COMM_WORLD, &mismatch), MPI_SUCCESS);
+  }
   return {mismatch, Rank() == 0 ? call.dest == 1 : call.source == 0};
 }
 
@@ -174,7 +182,9 @@ TEST_F(Watchdog, CollectiveMissingARankTimesOut) {
   // collectives do not match), and complete rank 0's abandoned barrier while
   // rank 0 drives progress from a later blocking call.
   mpi::SetTimeout(30.0);
-  if (Rank() != 0) EXPECT_EQ(mpi::Barrier(comm), MPI_SUCCESS);
+  if (Rank() != 0) {
+    EXPECT_EQ(mpi::Barrier(comm), MPI_SUCCESS);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   MPI_Comm_free(&comm);
 }

@@ -14,7 +14,7 @@ bool IsBfloat16Nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f); }
 TEST(Half, EveryValueRoundTrips) {
   for (uint32_t h = 0; h <= 0xffff; ++h) {
     const float f = HalfToFloat(static_cast<uint16_t>(h));
-    if (IsHalfNan(h)) {
+    if (IsHalfNan(static_cast<uint16_t>(h))) {
       EXPECT_TRUE(std::isnan(f));
       EXPECT_TRUE(IsHalfNan(FloatToHalf(f)));
     } else {
@@ -52,7 +52,7 @@ TEST(Half, MidpointsRoundToEven) {
 TEST(Bfloat16, EveryValueRoundTrips) {
   for (uint32_t b = 0; b <= 0xffff; ++b) {
     const float f = Bfloat16ToFloat(static_cast<uint16_t>(b));
-    if (IsBfloat16Nan(b)) {
+    if (IsBfloat16Nan(static_cast<uint16_t>(b))) {
       EXPECT_TRUE(std::isnan(f));
       EXPECT_TRUE(IsBfloat16Nan(FloatToBfloat16(f)));
     } else {

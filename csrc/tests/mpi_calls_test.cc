@@ -56,7 +56,9 @@ TEST_P(MpiCalls, Collectives) {
 
   out.assign(n * size_, -1);
   ASSERT_EQ(Gather(mine.data(), out.data(), n, MPI_INT, root, MPI_COMM_WORLD), MPI_SUCCESS);
-  if (rank_ == root) EXPECT_EQ(out, stacked);
+  if (rank_ == root) {
+    EXPECT_EQ(out, stacked);
+  }
 
   std::vector<int> block(n, -1);
   ASSERT_EQ(Scatter(stacked.data(), block.data(), n, MPI_INT, root, MPI_COMM_WORLD), MPI_SUCCESS);
