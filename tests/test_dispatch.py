@@ -15,6 +15,7 @@ from jax.experimental import io_callback
 from mpi4py import MPI
 
 import mpijax
+from test_ordering import send_then_recv
 
 from reference import RANK, SIZE, big_vector
 
@@ -66,16 +67,6 @@ def test_jitted_and_eager_mpi_calls_take_the_fast_path(comm, python_dispatches):
             jax.block_until_ready(f(x))
         counts[name] = python_dispatches[0]
     assert counts == {name: 0 if sealed() and name != "ordered io_callback" else 3 for name in callers}
-
-
-def send_then_recv(x, comm):
-    """Rank parity picks the order, so a reordering on any rank deadlocks."""
-    if RANK % 2 == 0:
-        mpijax.send(x, NEXT, comm=comm)
-        return mpijax.recv(x, PREV, comm=comm)
-    y = mpijax.recv(x, PREV, comm=comm)
-    mpijax.send(x, NEXT, comm=comm)
-    return y
 
 
 def test_ahead_of_time_compiled_function_runs_repeatedly(comm, watchdog):

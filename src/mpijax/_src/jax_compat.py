@@ -80,8 +80,10 @@ def aot_calls_thread_runtime_tokens():
     is called through JAX's C++ fast path whenever it has no unordered
     effect, even when it has an ordered one, whose runtime token that path
     does not pass: the second call fails ("Execution supplied 1 arguments but
-    compiled program expected 2"). Programs with an ordered effect that mpijax
-    could not seal (see _Seal) take the Python path, which passes the token."""
+    compiled program expected 2"). Programs with an ordered effect take the
+    Python path, which passes the token, as JAX's ordered io_callback already
+    does (a host callback keeps it off the C++ path): here, MPI programs that
+    mpijax could not seal (see _Seal)."""
     executable = _pxla.MeshExecutable
     create_cpp_call = executable.create_cpp_call
 
