@@ -32,6 +32,12 @@ struct CallInfo {
   // sendrecv only: the receive buffer (the fields above describe the send).
   const char* recv_dtype = nullptr;
   Shape recv_shape;
+  // v-collectives: rows per rank (num_counts entries, one per rank), the
+  // same on every rank; for alltoallv the rows this rank sends to each rank,
+  // and recv_counts those it receives from each. Null otherwise.
+  const int64_t* counts = nullptr;
+  const int64_t* recv_counts = nullptr;
+  int64_t num_counts = 0;
 };
 
 inline bool PointToPoint(const CallInfo& call) {

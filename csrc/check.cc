@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "mpi_calls.h"
@@ -40,10 +42,13 @@ Signature Sign(const char* op, const char* dtype, const Shape& shape, int root, 
 
 bool Same(const Signature& a, const Signature& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+// A v-collective's leading dimension, which differs between ranks.
+constexpr int64_t kVaries = -1;
+
 std::string Array(const Signature& s) {
   std::string text = std::string(s.dtype) + "[";
   for (int i = 0; i < std::min(s.ndim, Shape::kMaxDims); ++i) {
-    text += (i ? ", " : "") + std::to_string(s.dims[i]);
+    text += (i ? ", " : "") + (s.dims[i] == kVaries ? "*" : std::to_string(s.dims[i]));
   }
   return text + "]";
 }
@@ -56,8 +61,10 @@ std::string Collective(const Signature& s) {
   return text;
 }
 
-// "ranks 0, 2 called allreduce(SUM) of float32[4]; rank 1 called ...".
-std::string Tally(const std::vector<Signature>& all) {
+// The ranks grouped by what they did: "ranks 0, 2 <what(0)>; rank 1 <what(1)>",
+// with what(r) = " called allreduce(SUM) of float32[4]", say.
+template <class T, class Same, class What>
+std::string Tally(const std::vector<T>& all, Same same, What what) {
   std::string text;
   std::vector<bool> listed(all.size());
   for (size_t r = 0; r < all.size(); ++r) {
@@ -65,27 +72,74 @@ std::string Tally(const std::vector<Signature>& all) {
     std::string ranks;
     int n = 0;
     for (size_t q = r; q < all.size(); ++q) {
-      if (listed[q] || !Same(all[q], all[r])) continue;
+      if (listed[q] || !same(all[q], all[r])) continue;
       listed[q] = true;
       ranks += (n++ ? ", " : "") + std::to_string(q);
     }
-    text += (text.empty() ? "" : "; ") + std::string(n > 1 ? "ranks " : "rank ") + ranks +
-            " called " + Collective(all[r]);
+    text +=
+        (text.empty() ? "" : "; ") + std::string(n > 1 ? "ranks " : "rank ") + ranks + what(all[r]);
   }
   return text;
+}
+
+std::string List(const int64_t* values, size_t n) {
+  std::string text = "[";
+  for (size_t i = 0; i < n; ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
+// The v-collectives' counts: every rank's row of `counts` (and of
+// recv_counts, for alltoallv), gathered, judged alike on every rank.
+int AgreeCounts(const CallInfo& call, MPI_Comm comm, std::string* mismatch) {
+  const auto n = static_cast<size_t>(call.num_counts);
+  std::vector<int64_t> sends(n * n), receives(n * n);
+  if (int rc = mpi::Allgather(call.counts, sends.data(), call.num_counts, MPI_INT64_T, comm)) {
+    return rc;
+  }
+  const std::string prefix =
+      "mpijax check mode: the ranks disagree on the counts of " + std::string(call.op) + ": ";
+  if (!call.recv_counts) {
+    std::vector<std::string> rows;
+    for (size_t r = 0; r < n; ++r) rows.push_back(List(&sends[r * n], n));
+    if (std::any_of(rows.begin(), rows.end(), [&](const std::string& s) { return s != rows[0]; })) {
+      *mismatch = prefix + Tally(rows, std::equal_to<>(),
+                                 [](const std::string& s) { return " passed counts " + s; });
+    }
+    return MPI_SUCCESS;
+  }
+  if (int rc =
+          mpi::Allgather(call.recv_counts, receives.data(), call.num_counts, MPI_INT64_T, comm)) {
+    return rc;
+  }
+  std::string text;
+  for (size_t from = 0; from < n; ++from) {
+    for (size_t to = 0; to < n; ++to) {
+      const int64_t sent = sends[from * n + to], expected = receives[to * n + from];
+      if (sent == expected) continue;
+      text += (text.empty() ? "" : "; ") + std::string("rank ") + std::to_string(from) + " sends " +
+              std::to_string(sent) + " rows to rank " + std::to_string(to) + ", which expects " +
+              std::to_string(expected);
+    }
+  }
+  if (!text.empty()) *mismatch = prefix + text;
+  return MPI_SUCCESS;
 }
 
 int AgreeCollective(const CallInfo& call, MPI_Comm comm, std::string* mismatch) {
   int size;
   if (int rc = MPI_Comm_size(comm, &size)) return rc;
-  const Signature mine = Sign(call.op, call.dtype, call.shape, call.root, call.reduction, kUnset);
+  Signature mine = Sign(call.op, call.dtype, call.shape, call.root, call.reduction, kUnset);
+  if (call.counts) mine.dims[0] = kVaries;
   std::vector<Signature> all(size);
   if (int rc = mpi::Allgather(&mine, all.data(), sizeof mine, MPI_BYTE, comm)) return rc;
   const bool agree =
       std::all_of(all.begin(), all.end(), [&](const Signature& s) { return Same(s, all[0]); });
-  if (!agree)
-    *mismatch = "mpijax check mode: the ranks disagree on a collective call: " + Tally(all);
-  return MPI_SUCCESS;
+  if (!agree) {
+    *mismatch = "mpijax check mode: the ranks disagree on a collective call: " +
+                Tally(all, Same, [](const Signature& s) { return " called " + Collective(s); });
+    return MPI_SUCCESS;
+  }
+  return call.counts ? AgreeCounts(call, comm, mismatch) : MPI_SUCCESS;
 }
 
 // Elements in the array: folding (call.h) keeps the product of the dims.

@@ -1,5 +1,5 @@
-// The XLA FFI handlers, one per operation and platform, registered as
-// "mpijax_<name>".
+// The XLA FFI handlers, one per operation and platform, with the target
+// names "mpijax_<name>" that Python registers them under.
 #pragma once
 
 #include <map>
@@ -18,6 +18,7 @@ namespace mpijax {
 inline constexpr int kRouted = -2000000;
 
 // Platform ("cpu", and "CUDA" in CUDA builds) -> (target name, handler).
-std::map<std::string, std::vector<std::pair<const char*, XLA_FFI_Handler*>>> HandlersByPlatform();
+using HandlerTable = std::map<std::string, std::vector<std::pair<const char*, XLA_FFI_Handler*>>>;
+const HandlerTable& HandlersByPlatform();
 
 }  // namespace mpijax

@@ -361,6 +361,200 @@ int Alltoall(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Co
       });
 }
 
+namespace {
+
+// Where each rank's block of a buffer starts: the sum of the counts before it.
+Counts Offsets(const Counts& counts) {
+  Counts offsets(counts.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    offsets[i] = offset;
+    offset += counts[i];
+  }
+  return offsets;
+}
+
+// `count` elements for rank `peer` alone (or for every rank: peer < 0), each
+// at offset 0: the one block a rank sends or receives in gatherv and friends.
+Counts OnlyTo(int peer, int64_t count, int size) {
+  Counts counts(static_cast<size_t>(size), peer < 0 ? count : 0);
+  if (peer >= 0) counts[static_cast<size_t>(peer)] = count;
+  return counts;
+}
+
+// Counts and displacements as the int arrays of the v-collectives, when every
+// one fits under CountLimit().
+struct IntLayout {
+  std::vector<int> counts, displacements;
+  bool fits = true;
+
+  explicit IntLayout(const Counts& elements) {
+    const Counts offsets = Offsets(elements);
+    const int64_t limit = CountLimit();
+    for (size_t i = 0; i < elements.size(); ++i) {
+      fits = fits && elements[i] <= limit && offsets[i] <= limit;
+      counts.push_back(fits ? static_cast<int>(elements[i]) : 0);
+      displacements.push_back(fits ? static_cast<int>(offsets[i]) : 0);
+    }
+  }
+};
+
+// One block per rank for MPI_Alltoallw, whose displacements are int bytes:
+// `count` elements at a byte displacement where both fit, else one datatype
+// that places the block at its 64-bit offset. Each rank chooses for itself:
+// either way a block's type signature is its count of elements.
+class Placed {
+ public:
+  Placed(const Counts& counts, const Counts& offsets, MPI_Datatype element) {
+    MPI_Aint lb, extent;
+    error_ = MPI_Type_get_extent(element, &lb, &extent);
+    const int64_t limit = CountLimit();
+    for (size_t i = 0; i < counts.size() && !error_; ++i) {
+      const int64_t bytes = offsets[i] * extent;
+      if (counts[i] <= limit && offsets[i] <= limit && bytes <= INT_MAX) {
+        counts_.push_back(static_cast<int>(counts[i]));
+        displacements_.push_back(static_cast<int>(bytes));
+        types_.push_back(element);
+        continue;
+      }
+      Block block(counts[i], element);
+      int length = block.count();
+      MPI_Aint at = static_cast<MPI_Aint>(bytes);
+      MPI_Datatype inner = block.type(), type = MPI_DATATYPE_NULL;
+      error_ = block.error();
+      if (!error_) error_ = MPI_Type_create_struct(1, &length, &at, &inner, &type);
+      if (!error_) error_ = MPI_Type_commit(&type);
+      if (!error_) owned_.push_back(type);
+      counts_.push_back(1);
+      displacements_.push_back(0);
+      types_.push_back(type);
+    }
+  }
+  ~Placed() {
+    for (MPI_Datatype& t : owned_) MPI_Type_free(&t);
+  }
+  Placed(const Placed&) = delete;
+  Placed& operator=(const Placed&) = delete;
+
+  int error() const { return error_; }
+  const int* counts() const { return counts_.data(); }
+  const int* displacements() const { return displacements_.data(); }
+  const MPI_Datatype* types() const { return types_.data(); }
+
+ private:
+  std::vector<int> counts_, displacements_;
+  std::vector<MPI_Datatype> types_, owned_;
+  int error_ = MPI_SUCCESS;
+};
+
+// Any v-collective as one MPI_Alltoallw: `send_counts[i]` elements at
+// `send_offsets[i]` of `in` go to rank i, and so on for the receive.
+int Exchange(const void* in, const Counts& send_counts, const Counts& send_offsets, void* out,
+             const Counts& recv_counts, const Counts& recv_offsets, MPI_Datatype type,
+             MPI_Comm comm) {
+  const Placed s(send_counts, send_offsets, type), r(recv_counts, recv_offsets, type);
+  if (s.error()) return s.error();
+  if (r.error()) return r.error();
+  return Complete(
+      [&] {
+        return MPI_Alltoallw(in, s.counts(), s.displacements(), s.types(), out, r.counts(),
+                             r.displacements(), r.types(), comm);
+      },
+      [&](MPI_Request* q) {
+        return MPI_Ialltoallw(in, s.counts(), s.displacements(), s.types(), out, r.counts(),
+                              r.displacements(), r.types(), comm, q);
+      });
+}
+
+int RankAndSize(MPI_Comm comm, int* rank, int* size) {
+  if (int rc = MPI_Comm_rank(comm, rank)) return rc;
+  return MPI_Comm_size(comm, size);
+}
+
+}  // namespace
+
+int Allgatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, MPI_Comm comm) {
+  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
+  int rank, size;
+  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
+  const int64_t mine = counts[static_cast<size_t>(rank)];
+  const IntLayout all(counts);
+  if (!all.fits) {
+    return Exchange(in, OnlyTo(-1, mine, size), Counts(counts.size()), out, counts, Offsets(counts),
+                    type, comm);
+  }
+  const int n = all.counts[static_cast<size_t>(rank)];
+  return Complete(
+      [&] {
+        return MPI_Allgatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
+                              comm);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Iallgatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
+                               comm, r);
+      });
+}
+
+int Gatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
+            MPI_Comm comm) {
+  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
+  int rank, size;
+  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
+  const int64_t mine = counts[static_cast<size_t>(rank)];
+  const IntLayout all(counts);
+  if (!all.fits) {
+    const Counts none(counts.size());
+    const bool root_here = rank == root;
+    return Exchange(in, OnlyTo(root, mine, size), none, out, root_here ? counts : none,
+                    root_here ? Offsets(counts) : none, type, comm);
+  }
+  const int n = all.counts[static_cast<size_t>(rank)];
+  return Complete(
+      [&] {
+        return MPI_Gatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
+                           root, comm);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Igatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
+                            root, comm, r);
+      });
+}
+
+int Scatterv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
+             MPI_Comm comm) {
+  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
+  int rank, size;
+  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
+  const int64_t mine = counts[static_cast<size_t>(rank)];
+  const IntLayout all(counts);
+  if (!all.fits) {
+    const Counts none(counts.size());
+    const bool root_here = rank == root;
+    return Exchange(in, root_here ? counts : none, root_here ? Offsets(counts) : none, out,
+                    OnlyTo(root, mine, size), none, type, comm);
+  }
+  const int n = all.counts[static_cast<size_t>(rank)];
+  return Complete(
+      [&] {
+        return MPI_Scatterv(in, all.counts.data(), all.displacements.data(), type, out, n, type,
+                            root, comm);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Iscatterv(in, all.counts.data(), all.displacements.data(), type, out, n, type,
+                             root, comm, r);
+      });
+}
+
+// Always one MPI_Alltoallw: a rank knows only its own counts, so whether
+// they fit MPI_Alltoallv's int arrays could differ between ranks, which must
+// all make the same collective call.
+int Alltoallv(const void* in, const Counts& send_counts, void* out, const Counts& recv_counts,
+              MPI_Datatype type, MPI_Comm comm) {
+  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
+  return Exchange(in, send_counts, Offsets(send_counts), out, recv_counts, Offsets(recv_counts),
+                  type, comm);
+}
+
 int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
               MPI_Comm comm) {
   return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {
@@ -387,6 +581,27 @@ int Reduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op o
             [&] { return MPI_Reduce(src, dst, n, type, op, root, comm); },
             [&](MPI_Request* r) { return MPI_Ireduce(src, dst, n, type, op, root, comm, r); });
       });
+}
+
+int ReduceScatter(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
+                  MPI_Comm comm) {
+  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
+  if (op == MPI_OP_NULL) return MPI_ERR_OP;
+  if (count <= CountLimit()) {
+    const int n = static_cast<int>(count);
+    return Complete(
+        [&] { return MPI_Reduce_scatter_block(in, out, n, type, op, comm); },
+        [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, n, type, op, comm, r); });
+  }
+  int rank, size;
+  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
+  MPI_Aint lb, extent;
+  if (int rc = MPI_Type_get_extent(type, &lb, &extent)) return rc;
+  for (int root = 0; root < size; ++root) {
+    const char* block = static_cast<const char*>(in) + root * count * extent;
+    if (int rc = Reduce(block, out, count, type, op, root, comm)) return rc;
+  }
+  return MPI_SUCCESS;
 }
 
 int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op) {

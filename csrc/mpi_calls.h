@@ -73,6 +73,21 @@ int Scatter(const void* in, void* out, int64_t count, MPI_Datatype type, int roo
 int Allgather(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm);
 int Alltoall(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Comm comm);
 
+// The v-variants: counts[i] elements for rank i, one block after the other in
+// rank order (no gaps); one entry per rank of `comm`. Where a count or offset
+// exceeds CountLimit(), one MPI_Alltoallw moves the same blocks, each
+// described by a datatype at its 64-bit byte offset. The counts of
+// Allgatherv, Gatherv and Scatterv are the same on every rank (so is the
+// choice); Alltoallv's are each rank's own and it always calls MPI_Alltoallw.
+using Counts = std::vector<int64_t>;
+int Allgatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, MPI_Comm comm);
+int Gatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
+            MPI_Comm comm);
+int Scatterv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
+             MPI_Comm comm);
+int Alltoallv(const void* in, const Counts& send_counts, void* out, const Counts& recv_counts,
+              MPI_Datatype type, MPI_Comm comm);
+
 // in == out reduces in place. `out` is ignored off the root for Reduce.
 int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
               MPI_Comm comm);
@@ -88,10 +103,14 @@ constexpr bool ReduceCopiesInput([[maybe_unused]] int rank, [[maybe_unused]] int
   return false;
 #endif
 }
-// exclusive: MPI_Exscan, which leaves `out` on the first rank undefined.
+// Rank r gets the reduction of every rank's block r (`count` elements each).
+// Blocks above CountLimit() are reduced one root at a time, in chunks.
+int ReduceScatter(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
+                  MPI_Comm comm);
 // inout = in + inout (MPI_Reduce_local with `op`, chunked).
 int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op);
 
+// exclusive: MPI_Exscan, which leaves `out` on the first rank undefined.
 int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, bool exclusive,
          MPI_Comm comm);
 

@@ -38,9 +38,16 @@ MPI4JAX_SIGNATURES = {
     "has_cuda_support": "()",
     "has_sycl_support": "()",
 }
-# mpijax's own additions: the reliability switches (docs/failure-modes.md),
-# the GPU helpers (docs/gpu.md) and waiting for queued calls (README).
+# mpijax's own additions: the collectives mpi4jax lacks (README), the
+# reliability switches (docs/failure-modes.md), the GPU helpers (docs/gpu.md)
+# and waiting for queued calls (README).
 MPIJAX_EXTRAS = {
+    "allgatherv": "(x, counts, *, comm=None)",
+    "alltoallv": "(x, send_counts, recv_counts, *, comm=None)",
+    "exscan": "(x, op, *, comm=None)",
+    "gatherv": "(x, counts, root, *, comm=None)",
+    "reduce_scatter": "(x, op, *, comm=None)",
+    "scatterv": "(x, counts, root, *, comm=None)",
     "bind_local_gpu": "(comm=None)",
     "call_stats": "(*, reset=False)",
     "set_check": "(enabled=True)",

@@ -81,6 +81,49 @@ TEST_P(MpiCalls, Collectives) {
   EXPECT_EQ(out, want);
 }
 
+// Rank r has Count() + r elements (zero for some ranks when Count() is 0):
+// with the limit at 3, small counts take the v-collectives and larger ones
+// (or their offsets) the MPI_Alltoallw path.
+TEST_P(MpiCalls, VCollectives) {
+  const int root = size_ - 1;
+  Counts counts;
+  std::vector<int> concatenated;
+  for (int r = 0; r < size_; ++r) {
+    counts.push_back(Count() + r);
+    const auto d = Data(r, Count() + r);
+    concatenated.insert(concatenated.end(), d.begin(), d.end());
+  }
+  const auto mine = Data(rank_, Count() + rank_);
+  std::vector<int> out(concatenated.size(), -1);
+  ASSERT_EQ(Allgatherv(mine.data(), out.data(), counts, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
+  EXPECT_EQ(out, concatenated);
+
+  out.assign(concatenated.size(), -1);
+  ASSERT_EQ(Gatherv(mine.data(), out.data(), counts, MPI_INT, root, MPI_COMM_WORLD), MPI_SUCCESS);
+  if (rank_ == root) {
+    EXPECT_EQ(out, concatenated);
+  }
+
+  std::vector<int> block(mine.size(), -1);
+  ASSERT_EQ(Scatterv(concatenated.data(), block.data(), counts, MPI_INT, root, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  EXPECT_EQ(block, mine);
+
+  // alltoallv: rank r sends Count() + j elements to rank j, valued 1000 * r + 100 * j + i.
+  Counts send_counts, recv_counts;
+  std::vector<int> send, want;
+  for (int j = 0; j < size_; ++j) {
+    send_counts.push_back(Count() + j);
+    recv_counts.push_back(Count() + rank_);
+    for (int64_t i = 0; i < Count() + j; ++i) send.push_back(1000 * rank_ + 100 * j + int(i));
+    for (int64_t i = 0; i < Count() + rank_; ++i) want.push_back(1000 * j + 100 * rank_ + int(i));
+  }
+  out.assign(want.size(), -1);
+  ASSERT_EQ(Alltoallv(send.data(), send_counts, out.data(), recv_counts, MPI_INT, MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  EXPECT_EQ(out, want);
+}
+
 TEST_P(MpiCalls, Reductions) {
   const int64_t n = Count();
   const int root = 0;
@@ -119,6 +162,18 @@ TEST_P(MpiCalls, Reductions) {
                    root, MPI_COMM_WORLD),
             MPI_SUCCESS);
   EXPECT_EQ(in_place, rank_ == root ? sum : Data(rank_, n));
+
+  // reduce_scatter: block r of rank q is Data(q, n * size)[r * n ...].
+  std::vector<int> blocks_sum(n, 0);
+  for (int q = 0; q < size_; ++q) {
+    const auto d = Data(q, n * size_);
+    for (int64_t i = 0; i < n; ++i) blocks_sum[i] += d[rank_ * n + i];
+  }
+  out.assign(n, -1);
+  ASSERT_EQ(
+      ReduceScatter(Data(rank_, n * size_).data(), out.data(), n, MPI_INT, MPI_SUM, MPI_COMM_WORLD),
+      MPI_SUCCESS);
+  EXPECT_EQ(out, blocks_sum);
 }
 
 TEST_P(MpiCalls, SendrecvRing) {

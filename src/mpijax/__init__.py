@@ -4,10 +4,20 @@
 # 0.5-0.7 kept their token-free ops
 from . import experimental, jpi, notoken, tokens  # noqa: F401
 from ._src.gpu import bind_local_gpu
-from ._src.ops import transposes as _transposes  # noqa: F401  (registers the transpose rules)
-from ._src.ops.collectives import allgather, alltoall, barrier, bcast, gather, scatter
+from ._src.ops.collectives import (
+    allgather,
+    allgatherv,
+    alltoall,
+    alltoallv,
+    barrier,
+    bcast,
+    gather,
+    gatherv,
+    scatter,
+    scatterv,
+)
 from ._src.ops.point_to_point import recv, send, sendrecv
-from ._src.ops.reductions import allreduce, reduce, scan
+from ._src.ops.reductions import allreduce, exscan, reduce, reduce_scatter, scan
 from ._src.primitive import wait
 from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
 from ._src.seed_api import Allreduce, Recv, Send, Sendrecv  # mpi4jax 0.2
@@ -20,19 +30,25 @@ __all__ = [
     "Send",
     "Sendrecv",
     "allgather",
+    "allgatherv",
     "allreduce",
     "alltoall",
+    "alltoallv",
     "barrier",
     "bcast",
     "bind_local_gpu",
     "call_stats",
+    "exscan",
     "gather",
+    "gatherv",
     "has_cuda_support",
     "has_sycl_support",
     "recv",
     "reduce",
+    "reduce_scatter",
     "scan",
     "scatter",
+    "scatterv",
     "send",
     "sendrecv",
     "set_check",

@@ -85,14 +85,32 @@ def _no_aliases(*avals, **params):
     return None
 
 
-def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None, routed=False, check_transposable=None):
-    """A primitive for the FFI target ``mpijax_<name>``.
+def mpi_primitive(
+    name,
+    outputs,
+    aliases=_no_aliases,
+    *,
+    jvp=None,
+    transpose=None,
+    batch=None,
+    attributes=None,
+    routed=False,
+    check_transposable=None,
+):
+    """A primitive for the FFI target ``mpijax_<name>``, with its rules.
 
     outputs(*avals, **params) -> list of output avals (the token is added here).
     aliases(*avals, **params) -> {operand index: output index} that XLA should
     alias, so the handler can work in place, or None.
+    jvp(prim, primals, tangents, **params): the JVP rule (linear_jvp for a
+    linear call).
+    transpose(cts, *operands, **params): the transpose of a linear call.
+    batch(prim, args, dims, **params): the vmap rule, which makes one call on
+    the batch.
+    (A call without operands, barrier, has no jvp and no batch rule.)
     attributes: the params passed to the handler, as int64 attributes of the
-    same name (default: all); the others only steer the Python rules.
+    same name, or int64 arrays where they are tuples (default: all); the
+    others only steer the Python rules.
     routed: the last operand is a route (point_to_point.py).
     check_transposable(**params): raises if linear_transpose cannot transpose
     the call (jax_compat.stage_mpi_calls).
@@ -115,7 +133,11 @@ def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None, routed=Fa
             avals_in=[*ctx.avals_in, jax_compat.abstract_token],
             avals_out=[*ctx.avals_out, jax_compat.abstract_token],
         )
-        attrs = {k: v for k, v in params.items() if attributes is None or k in attributes}
+        attrs = {
+            k: np.array(v, np.int64) if isinstance(v, tuple) else v
+            for k, v in params.items()
+            if attributes is None or k in attributes
+        }
         *results, token = rule(with_token, *operands, token, **attrs)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
         return results
@@ -123,7 +145,17 @@ def mpi_primitive(name, outputs, aliases=_no_aliases, attributes=None, routed=Fa
     for platform in FFI_TARGETS:
         mlir.register_lowering(prim, lower, platform=platform.lower())
     jax_compat.stage_mpi_calls(prim, prim.check_transposable)
+    _define_rules(prim, jvp, transpose, batch)
     return prim
+
+
+def _define_rules(prim, jvp, transpose, batch):
+    if jvp is not None:
+        ad.primitive_jvps[prim] = partial(jvp, prim)
+    if transpose is not None:
+        ad.primitive_transposes[prim] = transpose
+    if batch is not None:
+        batching.primitive_batchers[prim] = partial(batch, prim)
 
 
 def _token_primitive(name, outputs, lower):
@@ -160,13 +192,14 @@ current_token_p = _token_primitive(
 batching.primitive_batchers[join_p] = lambda args, dims: (join_p.bind(*args), [])
 
 
-def local_primitive(name, impl):
-    """A communication-free primitive computed by `impl(x, **params)` (jnp
-    code): the adjoints of the ops whose results are replicated. Their own
-    adjoints communicate, so they are MPI calls to JAX (aligned with every
-    transformation, never dead-code-eliminated, staged in linear_transpose):
-    otherwise a rank whose adjoint's result is unused would drop it, and skip
-    the collective that the other ranks make when transposing again."""
+def local_primitive(name, impl, *, transpose, batch):
+    """A communication-free linear primitive computed by `impl(x, **params)`
+    (jnp code): the adjoints of the ops whose results are replicated. Their
+    own adjoints (`transpose`) communicate, so they are MPI calls to JAX
+    (aligned with every transformation, never dead-code-eliminated, staged in
+    linear_transpose): otherwise a rank whose adjoint's result is unused would
+    drop it, and skip the collective that the other ranks make when
+    transposing again. `batch`: the vmap rule."""
     prim = MpiPrimitive(f"mpijax_{name}")
     prim.def_impl(impl)
 
@@ -178,16 +211,21 @@ def local_primitive(name, impl):
     # lower_fun passes the token through unchanged.
     mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
     jax_compat.stage_mpi_calls(prim)
+    _define_rules(prim, linear_jvp, transpose, batch)
     return prim
 
 
-def linear_jvp(prim):
+def linear_jvp(prim, primals, tangents, **params):
     """The JVP of a linear primitive: the same call on the tangents."""
+    return prim.bind_primal(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **params)
 
-    def jvp(primals, tangents, **params):
-        return prim.bind_primal(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **params)
 
-    return jvp
+def cotangent(cts):
+    """A transpose rule's cotangent, instantiated, and batched under vmap
+    (jacrev): it can be a symbolic zero here and batched on the rank it is
+    exchanged with. Every adjoint is a call on every rank (MPI calls must
+    match), made whether or not the cotangent is symbolically zero."""
+    return jax_compat.batched_if_vmapped(ad.instantiate_zeros(cts[0] if isinstance(cts, list) else cts))
 
 
 def batch_operands(args, dims, axes):

@@ -48,6 +48,30 @@ def tag(value, name, op, *, allow_any=False):
     )
 
 
+def counts(values, name, comm, op):
+    """Rows per rank of a v-variant: a static sequence of comm-size
+    non-negative ints, the same on every rank (check mode verifies that)."""
+    if isinstance(values, jax.core.Tracer) or not hasattr(values, "__len__") or isinstance(values, str):
+        raise TypeError(
+            f"mpijax.{op}: {name} must be a sequence of {comm.size} static Python ints (one per rank), "
+            f"got {type(values).__name__} {values!r}"
+        )
+    values = tuple(static_int(v, f"{name}[{i}]", op) for i, v in enumerate(values))
+    if len(values) != comm.size:
+        raise ValueError(
+            f"mpijax.{op}: {name} has {len(values)} entries; expected one per rank of the communicator ({comm.size})"
+        )
+    if any(v < 0 for v in values):
+        raise ValueError(f"mpijax.{op}: {name} must be non-negative, got {list(values)}")
+    return values
+
+
+def leading(x, rows, op, what):
+    """x must have `rows` rows along its leading axis (`what` says why)."""
+    if x.ndim == 0 or x.shape[0] != rows:
+        raise ValueError(f"mpijax.{op}: x must have shape ({rows}, ...) {what}; got shape {x.shape}")
+
+
 _CONSTANTS = {MPI.ANY_SOURCE: "ANY_SOURCE", MPI.PROC_NULL: "PROC_NULL"}
 
 

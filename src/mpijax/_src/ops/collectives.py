@@ -1,11 +1,26 @@
-"""bcast, gather, scatter, allgather, alltoall, barrier: data movement
-between all ranks of a communicator."""
+"""bcast, gather, scatter, allgather, alltoall, barrier and their v-variants:
+data movement between all ranks of a communicator.
 
-from jax.interpreters import ad, batching
+Each primitive is a linear map with a real output on every rank, so that
+its transpose, and the transpose of that, are calls on every rank too. A
+result that every rank holds identically (allgather, bcast) counts once: its
+adjoint is local (a local_primitive) and the adjoint of that is the
+collective again (docs/autodiff.md).
+
+The v-variants are the same primitives with `counts`, rows per rank along
+the leading axis (empty for the plain collective, where every rank's block
+is x whole). vmap puts the batch axis right after the axis that runs over
+ranks (the stacked axis of gather and allgather, the leading axis of a
+v-variant's x, of scatter's and alltoall's x) and first everywhere else, so
+all ranks lay out their messages alike.
+"""
+
+import jax.numpy as jnp
 
 from .. import comm as _comm
 from .. import dtypes, validation
-from ..primitive import batch_operands, linear_jvp, mpi_primitive
+from ..primitive import batch_operands, cotangent, linear_jvp, local_primitive, mpi_primitive
+from . import reductions
 
 
 def _rank(params):
@@ -20,29 +35,132 @@ def _is_root(params):
     return _rank(params) == params["root"]
 
 
-# Each primitive is a linear map with a real output on every rank, so that
-# its transpose, and the transpose of that, are calls on every rank too.
+def _stacked(x, counts, params):
+    """Every rank's block together: stacked along a new axis, or
+    concatenated along the leading one with counts."""
+    return x.update(shape=(sum(counts), *x.shape[1:]) if counts else (_size(params), *x.shape))
+
+
+def _block(x, counts, params):
+    """This rank's block of a stacked or concatenated x."""
+    return x.update(shape=(counts[_rank(params)], *x.shape[1:]) if counts else x.shape[1:])
+
+
+def _offset(counts, rank):
+    return sum(counts[:rank])
+
+
+def _batcher(operand_axis, output_axis):
+    """vmap: one call on the whole batch, its axis where operand_axis(params)
+    and output_axis(params) put it."""
+
+    def rule(prim, args, dims, **params):
+        (x,) = batch_operands(args, dims, [operand_axis(params)])
+        return prim.bind(x, **params), [output_axis(params)]
+
+    return rule
+
+
+def _varied(params):
+    """1 if the leading axis runs over ranks (a v-variant), else 0."""
+    return int(bool(params.get("counts") or params.get("send_counts")))
+
+
 # bcast: the root returns x; the others what they receive, plus their own x
 # with accumulate=1 (the adjoint of reduce). In place everywhere: a loop
 # carry then needs no copy.
-bcast_p = mpi_primitive("bcast", lambda x, **p: [x], lambda x, **p: {0: 0})
+def _bcast_transpose(cts, x, *, comm, root, accumulate):
+    if accumulate:
+        return reductions.reduce_p.bind(cotangent(cts), comm=comm, op=reductions.SUM, root=root)
+    return [bcast_adjoint_p.bind(cotangent(cts), comm=comm, root=root)]
+
+
+bcast_p = mpi_primitive(
+    "bcast",
+    lambda x, **p: [x],
+    lambda x, **p: {0: 0},
+    jvp=linear_jvp,
+    transpose=_bcast_transpose,
+    batch=_batcher(lambda p: 0, lambda p: 0),
+)
+# The root's x alone made the result, so only the root gets its cotangent.
+bcast_adjoint_p = local_primitive(
+    "bcast_adjoint",
+    lambda ct, *, comm, root: ct if _is_root(dict(comm=comm, root=root)) else jnp.zeros_like(ct),
+    transpose=lambda ct, x, *, comm, root: bcast_p.bind(cotangent(ct), comm=comm, root=root, accumulate=0),
+    batch=lambda prim, args, dims, **p: (prim.bind(*args, **p), dims[0]),
+)
+
 # gather: off the root, x (identity=1, what mpi4jax returns) or zeros
 # (identity=0, the adjoint of scatter).
 gather_p = mpi_primitive(
     "gather",
-    lambda x, **p: [x.update(shape=(_size(p), *x.shape)) if _is_root(p) else x],
+    lambda x, **p: [_stacked(x, p["counts"], p) if _is_root(p) else x],
     lambda x, **p: {0: 0} if not _is_root(p) and p["identity"] else None,
+    jvp=linear_jvp,
+    transpose=lambda cts, x, *, comm, root, identity, counts: scatter_p.bind(
+        cotangent(cts), comm=comm, root=root, accumulate=identity, counts=counts
+    ),
+    batch=_batcher(_varied, lambda p: 1 if _is_root(p) else _varied(p)),
 )
 # scatter: off the root, x gives the shape, or is added to what is received
 # with accumulate=1 (the adjoint of gather).
 scatter_p = mpi_primitive(
     "scatter",
-    lambda x, **p: [x.update(shape=x.shape[1:]) if _is_root(p) else x],
+    lambda x, **p: [_block(x, p["counts"], p) if _is_root(p) else x],
     lambda x, **p: {0: 0} if not _is_root(p) and p["accumulate"] else None,
+    jvp=linear_jvp,
+    transpose=lambda cts, x, *, comm, root, accumulate, counts: gather_p.bind(
+        cotangent(cts), comm=comm, root=root, identity=accumulate, counts=counts
+    ),
+    batch=_batcher(lambda p: 1 if _is_root(p) else _varied(p), _varied),
 )
-allgather_p = mpi_primitive("allgather", lambda x, **p: [x.update(shape=(_size(p), *x.shape))])
-alltoall_p = mpi_primitive("alltoall", lambda x, **p: [x])
-barrier_p = mpi_primitive("barrier", lambda **p: [])
+
+
+# allgather: replicated=1 is the op (its result counts once); replicated=0
+# is the adjoint of reduce_scatter, whose result is summed over ranks, and
+# whose own adjoint is reduce_scatter again.
+def _allgather_transpose(cts, x, *, comm, counts, replicated):
+    if replicated:
+        return [allgather_adjoint_p.bind(cotangent(cts), comm=comm, counts=counts)]
+    return reductions.reduce_scatter_p.bind(cotangent(cts), comm=comm, op=reductions.SUM)
+
+
+allgather_p = mpi_primitive(
+    "allgather",
+    lambda x, **p: [_stacked(x, p["counts"], p)],
+    jvp=linear_jvp,
+    transpose=_allgather_transpose,
+    batch=_batcher(_varied, lambda p: 1),
+    attributes=("comm", "counts"),
+)
+
+
+def _own_block(ct, *, comm, counts):
+    rank = _comm.info(comm).rank
+    if not counts:
+        return ct[rank]
+    start = _offset(counts, rank)
+    return ct[start : start + counts[rank]]
+
+
+allgather_adjoint_p = local_primitive(
+    "allgather_adjoint",
+    _own_block,
+    transpose=lambda ct, x, *, comm, counts: allgather_p.bind(cotangent(ct), comm=comm, counts=counts, replicated=1),
+    batch=lambda prim, args, dims, **p: (prim.bind(jnp.moveaxis(args[0], dims[0], 1), **p), _varied(p)),
+)
+
+alltoall_p = mpi_primitive(
+    "alltoall",
+    lambda x, **p: [x.update(shape=(sum(p["recv_counts"]), *x.shape[1:])) if p["send_counts"] else x],
+    jvp=linear_jvp,
+    transpose=lambda cts, x, *, comm, send_counts, recv_counts: alltoall_p.bind(
+        cotangent(cts), comm=comm, send_counts=recv_counts, recv_counts=send_counts
+    ),
+    batch=_batcher(lambda p: 1, lambda p: 1),
+)
+barrier_p = mpi_primitive("barrier", lambda **p: [])  # no operands: nothing to differentiate or batch
 
 
 def _leading_axis(x, comm, message, detail=""):
@@ -54,6 +172,12 @@ def _leading_axis(x, comm, message, detail=""):
 def _rooted(name, x, root, comm):
     comm = _comm.resolve(comm, name)
     return dtypes.array(x, name), validation.rank(root, "root", comm, name), comm
+
+
+def _varied_call(name, x, counts, comm):
+    """The arguments of a v-variant: comm, x and counts, validated."""
+    comm = _comm.resolve(comm, name)
+    return comm, dtypes.array(x, name), validation.counts(counts, "counts", comm, name)
 
 
 def bcast(x, root, *, comm=None, token=validation.NOTSET):
@@ -69,7 +193,7 @@ def gather(x, root, *, comm=None, token=validation.NOTSET):
     root, `x` is returned unchanged."""
     validation.no_token(token, "gather")
     x, root, comm = _rooted("gather", x, root, comm)
-    return gather_p.bind(x, comm=comm.id, root=root, identity=1)[0]
+    return gather_p.bind(x, comm=comm.id, root=root, identity=1, counts=())[0]
 
 
 def scatter(x, root, *, comm=None, token=validation.NOTSET):
@@ -79,7 +203,7 @@ def scatter(x, root, *, comm=None, token=validation.NOTSET):
     x, root, comm = _rooted("scatter", x, root, comm)
     if comm.rank == root:
         _leading_axis(x, comm, "mpijax.scatter: Scatter input", " on the root")
-    return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
+    return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0, counts=())[0]
 
 
 def allgather(x, *, comm=None, token=validation.NOTSET):
@@ -87,7 +211,7 @@ def allgather(x, *, comm=None, token=validation.NOTSET):
     validation.no_token(token, "allgather")
     comm = _comm.resolve(comm, "allgather")
     x = dtypes.array(x, "allgather")
-    return allgather_p.bind(x, comm=comm.id)[0]
+    return allgather_p.bind(x, comm=comm.id, counts=(), replicated=1)[0]
 
 
 def alltoall(x, *, comm=None, token=validation.NOTSET):
@@ -97,7 +221,7 @@ def alltoall(x, *, comm=None, token=validation.NOTSET):
     comm = _comm.resolve(comm, "alltoall")
     x = dtypes.array(x, "alltoall")
     _leading_axis(x, comm, "mpijax.alltoall: Alltoall input")
-    return alltoall_p.bind(x, comm=comm.id)[0]
+    return alltoall_p.bind(x, comm=comm.id, send_counts=(), recv_counts=())[0]
 
 
 def barrier(*, comm=None, token=validation.NOTSET):
@@ -107,27 +231,43 @@ def barrier(*, comm=None, token=validation.NOTSET):
     barrier_p.bind(comm=comm.id)
 
 
-for _prim in (bcast_p, gather_p, scatter_p, allgather_p, alltoall_p):
-    ad.primitive_jvps[_prim] = linear_jvp(_prim)
+def allgatherv(x, counts, *, comm=None):
+    """Concatenate every rank's `x` along the leading axis, on every rank:
+    rank r passes counts[r] rows (x.shape[0] == counts[rank]); the result has
+    sum(counts) rows."""
+    comm, x, counts = _varied_call("allgatherv", x, counts, comm)
+    validation.leading(x, counts[comm.rank], "allgatherv", f"(counts[{comm.rank}] rows on rank {comm.rank})")
+    return allgather_p.bind(x, comm=comm.id, counts=counts, replicated=1)[0]
 
 
-# vmap: one call on the batch. The batch axis goes right after the rank axis
-# of stacked arrays (gather/allgather results, scatter/alltoall inputs) and
-# first everywhere else, so all ranks lay out their messages alike.
-def _batcher(prim, operand_axis, output_axis):
-    def rule(args, dims, **params):
-        (x,) = batch_operands(args, dims, [operand_axis(params)])
-        return prim.bind(x, **params), [output_axis(params)]
-
-    return rule
+def gatherv(x, counts, root, *, comm=None):
+    """Concatenate every rank's `x` along the leading axis on `root` (rank r
+    passes counts[r] rows). Off the root, `x` is returned unchanged."""
+    comm, x, counts = _varied_call("gatherv", x, counts, comm)
+    root = validation.rank(root, "root", comm, "gatherv")
+    validation.leading(x, counts[comm.rank], "gatherv", f"(counts[{comm.rank}] rows on rank {comm.rank})")
+    return gather_p.bind(x, comm=comm.id, root=root, identity=1, counts=counts)[0]
 
 
-def _stacked_here(params):
-    return 1 if _is_root(params) else 0
+def scatterv(x, counts, root, *, comm=None):
+    """Split the root's `x` (sum(counts) rows) along the leading axis: rank r
+    gets counts[r] rows. Off the root, `x` only gives the shape and dtype of
+    the result (counts[rank] rows)."""
+    comm, x, counts = _varied_call("scatterv", x, counts, comm)
+    root = validation.rank(root, "root", comm, "scatterv")
+    if comm.rank == root:
+        validation.leading(x, sum(counts), "scatterv", "(sum(counts) rows on the root)")
+    else:
+        validation.leading(x, counts[comm.rank], "scatterv", f"(counts[{comm.rank}] rows on rank {comm.rank})")
+    return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0, counts=counts)[0]
 
 
-batching.primitive_batchers[bcast_p] = _batcher(bcast_p, lambda p: 0, lambda p: 0)
-batching.primitive_batchers[gather_p] = _batcher(gather_p, lambda p: 0, _stacked_here)
-batching.primitive_batchers[scatter_p] = _batcher(scatter_p, _stacked_here, lambda p: 0)
-batching.primitive_batchers[allgather_p] = _batcher(allgather_p, lambda p: 0, lambda p: 1)
-batching.primitive_batchers[alltoall_p] = _batcher(alltoall_p, lambda p: 1, lambda p: 1)
+def alltoallv(x, send_counts, recv_counts, *, comm=None):
+    """Send rows of `x` to every rank: the first send_counts[0] rows to rank
+    0, the next send_counts[1] to rank 1, and so on; the result holds
+    recv_counts[j] rows from each rank j, in rank order. Each rank passes its
+    own counts: send_counts[j] here must equal recv_counts[rank] on rank j."""
+    comm, x, send_counts = _varied_call("alltoallv", x, send_counts, comm)
+    recv_counts = validation.counts(recv_counts, "recv_counts", comm, "alltoallv")
+    validation.leading(x, sum(send_counts), "alltoallv", "(sum(send_counts) rows)")
+    return alltoall_p.bind(x, comm=comm.id, send_counts=send_counts, recv_counts=recv_counts)[0]

@@ -13,12 +13,12 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad, batching
+from jax.interpreters import ad
 from mpi4py import MPI
 
 from .. import comm as _comm
 from .. import dtypes, jax_compat, validation
-from ..primitive import batch_operands, mpi_primitive
+from ..primitive import batch_operands, cotangent, mpi_primitive
 from ..runtime import core
 
 ROUTED = core.ROUTED
@@ -46,30 +46,6 @@ def check_transposable(name):
             )
 
     return check
-
-
-# Receives write into their template's buffer (aliased): a loop carry then
-# needs no copy. Not sendrecv(x, x) (alias_recvbuf=0): the call reads x while
-# it writes its output, so XLA would copy x to alias it, and in a loop copy
-# the result back into the carry as well. Unaliased, the result has a buffer
-# of its own: no copy outside a loop, one inside (what any binding needs,
-# since a buffer cannot be sent and received over in one step).
-send_p = mpi_primitive("send", lambda x, route, **p: [], routed=True)
-recv_p = mpi_primitive(
-    "recv",
-    lambda x, route, **p: [x, ENVELOPE],
-    lambda x, route, **p: {0: 0},
-    routed=True,
-    check_transposable=check_transposable("recv"),
-)
-sendrecv_p = mpi_primitive(
-    "sendrecv",
-    lambda sendbuf, recvbuf, route, **p: [recvbuf, ENVELOPE],
-    lambda s, r, route, **p: {1: 0} if p["alias_recvbuf"] else None,
-    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status"),
-    routed=True,
-    check_transposable=check_transposable("sendrecv"),
-)
 
 
 def derivative(params):
@@ -169,39 +145,84 @@ def sendrecv(
     return y
 
 
-def _jvp(prim):
+def _jvp(prim, primals, tangents, **params):
     """Linear: the tangents travel the same way, in a derivative message,
     which a receive from anyone takes from the sender of the value (routed by
     the value's envelope). The status describes the value's message only."""
-
-    def jvp(primals, tangents, **params):
-        outs = prim.bind_primal(*primals, **params)
-        route, tangent_params = primals[-1], derivative(params)
-        if "status" in params:
-            tangent_params["status"] = 0
-        if receives_from_anyone(params):
-            route = outs[-1]
-            tangent_params.update({"source": ROUTED, _receive_tag(params): ROUTED})
-        tangent_outs = prim.bind(*map(ad.instantiate_zeros, tangents[:-1]), route, **tangent_params)
-        return outs, [*tangent_outs[:1], ad.Zero(ENVELOPE.to_tangent_aval())][: len(outs)]
-
-    return jvp
+    outs = prim.bind_primal(*primals, **params)
+    route, tangent_params = primals[-1], derivative(params)
+    if "status" in params:
+        tangent_params["status"] = 0
+    if receives_from_anyone(params):
+        route = outs[-1]
+        tangent_params.update({"source": ROUTED, _receive_tag(params): ROUTED})
+    tangent_outs = prim.bind(*map(ad.instantiate_zeros, tangents[:-1]), route, **tangent_params)
+    return outs, [*tangent_outs[:1], ad.Zero(ENVELOPE.to_tangent_aval())][: len(outs)]
 
 
-def _batcher(prim):
+def _batch(prim, args, dims, **params):
     """One message carries the whole batch, batch axis first; its route is
     the status of one such message."""
-
-    def rule(args, dims, **params):
-        *data, route = args
-        if dims[-1] is not None:
-            raise NotImplementedError(f"{prim.name}: vmap over the envelope of a receive is not supported")
-        outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
-        return outs, [0, None][: len(outs)]
-
-    return rule
+    *data, route = args
+    if dims[-1] is not None:
+        raise NotImplementedError(f"{prim.name}: vmap over the envelope of a receive is not supported")
+    outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
+    return outs, [0, None][: len(outs)]
 
 
-for _prim in (send_p, recv_p, sendrecv_p):
-    ad.primitive_jvps[_prim] = _jvp(_prim)
-    batching.primitive_batchers[_prim] = _batcher(_prim)
+# Cotangents travel back the way the values came, from the receiver to the
+# sender (or the routed peer), under the derivative tag of the value's tag.
+def _send_transpose(cts, x, route, *, comm, dest, tag):
+    template = jax_compat.transposed_receive_buffer(x.aval)
+    back, _ = recv_p.bind(template, route, **derivative(dict(comm=comm, source=dest, tag=tag, status=0)))
+    return [back, None]
+
+
+# A receive from anyone is transposed only after it ran, routed by its
+# envelope (its JVP's tangent receive): this one never did.
+def _recv_transpose(cts, x, route, *, comm, source, tag, status):
+    recv_p.check_transposable(source=source, tag=tag)
+    send_p.bind(cotangent(cts), route, **derivative(dict(comm=comm, dest=source, tag=tag)))
+    return [ad.Zero(x.aval), None]
+
+
+def _sendrecv_transpose(cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status, alias_recvbuf):
+    sendrecv_p.check_transposable(source=source, recvtag=recvtag)
+    back, _ = sendrecv_p.bind(
+        cotangent(cts),
+        jax_compat.transposed_receive_buffer(sendbuf.aval),
+        route,
+        **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0)),
+        alias_recvbuf=1,
+    )
+    return [back, ad.Zero(recvbuf.aval), None]
+
+
+# Receives write into their template's buffer (aliased): a loop carry then
+# needs no copy. Not sendrecv(x, x) (alias_recvbuf=0): the call reads x while
+# it writes its output, so XLA would copy x to alias it, and in a loop copy
+# the result back into the carry as well. Unaliased, the result has a buffer
+# of its own: no copy outside a loop, one inside (what any binding needs,
+# since a buffer cannot be sent and received over in one step).
+send_p = mpi_primitive("send", lambda x, route, **p: [], jvp=_jvp, transpose=_send_transpose, batch=_batch, routed=True)
+recv_p = mpi_primitive(
+    "recv",
+    lambda x, route, **p: [x, ENVELOPE],
+    lambda x, route, **p: {0: 0},
+    jvp=_jvp,
+    transpose=_recv_transpose,
+    batch=_batch,
+    routed=True,
+    check_transposable=check_transposable("recv"),
+)
+sendrecv_p = mpi_primitive(
+    "sendrecv",
+    lambda sendbuf, recvbuf, route, **p: [recvbuf, ENVELOPE],
+    lambda s, r, route, **p: {1: 0} if p["alias_recvbuf"] else None,
+    jvp=_jvp,
+    transpose=_sendrecv_transpose,
+    batch=_batch,
+    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status"),
+    routed=True,
+    check_transposable=check_transposable("sendrecv"),
+)

@@ -1,0 +1,89 @@
+#include "errors.h"
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "mpi_calls.h"
+#include "tags.h"
+
+namespace ffi = xla::ffi;
+
+namespace mpijax {
+namespace {
+
+std::string Rank(int rank) {
+  return rank == MPI_ANY_SOURCE ? "any rank" : "rank " + std::to_string(rank);
+}
+
+// Whom a call that timed out was waiting for.
+std::string Awaited(const CallInfo& call, const Comm& comm) {
+  if (!PointToPoint(call)) {
+    std::string text = "the other ranks of its communicator (size " + std::to_string(comm.size);
+    if (call.root != kUnset) text += ", root " + std::to_string(call.root);
+    return text + ") to call " + call.op;
+  }
+  std::string text;
+  if (call.source != kUnset) {
+    text = "a message from " + Rank(call.source) + " with tag " + TagName(call.recv_tag);
+  }
+  if (call.dest != kUnset) {
+    text += (text.empty() ? "" : " and for ") + Rank(call.dest) +
+            " to receive its message with tag " + TagName(call.send_tag);
+  }
+  return text;
+}
+
+// The standard name of an error code's class: the part of an MPI error that
+// does not depend on the library.
+std::string ErrorClassName(int code) {
+#define MPIJAX_CLASS(name) \
+  { name, #name }
+  static constexpr std::pair<int, const char*> kClasses[] = {
+      MPIJAX_CLASS(MPI_ERR_BUFFER),   MPIJAX_CLASS(MPI_ERR_COUNT),
+      MPIJAX_CLASS(MPI_ERR_TYPE),     MPIJAX_CLASS(MPI_ERR_TAG),
+      MPIJAX_CLASS(MPI_ERR_COMM),     MPIJAX_CLASS(MPI_ERR_RANK),
+      MPIJAX_CLASS(MPI_ERR_REQUEST),  MPIJAX_CLASS(MPI_ERR_ROOT),
+      MPIJAX_CLASS(MPI_ERR_GROUP),    MPIJAX_CLASS(MPI_ERR_OP),
+      MPIJAX_CLASS(MPI_ERR_ARG),      MPIJAX_CLASS(MPI_ERR_UNKNOWN),
+      MPIJAX_CLASS(MPI_ERR_TRUNCATE), MPIJAX_CLASS(MPI_ERR_OTHER),
+      MPIJAX_CLASS(MPI_ERR_INTERN),   MPIJAX_CLASS(MPI_ERR_IN_STATUS),
+      MPIJAX_CLASS(MPI_ERR_PENDING),  MPIJAX_CLASS(MPI_ERR_KEYVAL),
+      MPIJAX_CLASS(MPI_ERR_NO_MEM),   MPIJAX_CLASS(MPI_ERR_UNSUPPORTED_OPERATION),
+  };
+#undef MPIJAX_CLASS
+  int error_class = code;
+  if (MPI_Error_class(code, &error_class) != MPI_SUCCESS) error_class = code;
+  for (const auto& [value, name] : kClasses) {
+    if (value == error_class) return name;
+  }
+  return "MPI error class " + std::to_string(error_class);
+}
+
+}  // namespace
+
+ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
+  const std::string op = "mpijax." + std::string(call.op);
+  const std::string rank = "rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.size);
+  if (code == mpi::kTimedOut) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", mpi::Timeout());
+    return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
+                      op + " on " + rank + " timed out after " + seconds +
+                          " s (MPIJAX_TIMEOUT) waiting for " + Awaited(call, comm) +
+                          ". The call was abandoned unfinished: end the program rather than use "
+                          "MPI further.");
+  }
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  // Libraries word their strings differently (Open MPI starts with the class
+  // name, MPICH does not): lead with the standard class name either way.
+  std::string message(text, length);
+  const std::string name = ErrorClassName(code);
+  if (message.rfind(name, 0) != 0) message = name + ": " + message;
+  return ffi::Error::Internal(op + " failed on " + rank + ": " + message + " (MPI error code " +
+                              std::to_string(code) + ")");
+}
+
+}  // namespace mpijax

@@ -1,0 +1,24 @@
+// The text of a failed call: what the Python exception says, the same way on
+// every MPI library.
+#pragma once
+
+#include <mpi.h>
+
+#include "call.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace mpijax {
+
+// The communicator a call runs on.
+struct Comm {
+  MPI_Comm handle;
+  int rank;
+  int size;
+};
+
+// The error that `call` returns for MPI error code `code` (or mpi::kTimedOut):
+// the op, the rank, the standard error class and the library's own words, or
+// for a timeout whom the call was waiting for.
+xla::ffi::Error Failure(const CallInfo& call, const Comm& comm, int code);
+
+}  // namespace mpijax
