@@ -437,6 +437,7 @@ class Placed {
   Placed& operator=(const Placed&) = delete;
 
   int error() const { return error_; }
+  bool derived() const { return !owned_.empty(); }
   const int* counts() const { return counts_.data(); }
   const int* displacements() const { return displacements_.data(); }
   const MPI_Datatype* types() const { return types_.data(); }
@@ -455,15 +456,22 @@ int Exchange(const void* in, const Counts& send_counts, const Counts& send_offse
   const Placed s(send_counts, send_offsets, type), r(recv_counts, recv_offsets, type);
   if (s.error()) return s.error();
   if (r.error()) return r.error();
-  return Complete(
-      [&] {
-        return MPI_Alltoallw(in, s.counts(), s.displacements(), s.types(), out, r.counts(),
-                             r.displacements(), r.types(), comm);
-      },
-      [&](MPI_Request* q) {
-        return MPI_Ialltoallw(in, s.counts(), s.displacements(), s.types(), out, r.counts(),
-                              r.displacements(), r.types(), comm, q);
-      });
+  const auto blocking = [&] {
+    return MPI_Alltoallw(in, s.counts(), s.displacements(), s.types(), out, r.counts(),
+                         r.displacements(), r.types(), comm);
+  };
+  // Open MPI 4.1's MPI_Ialltoallw never completed here on blocks described by
+  // derived datatypes (past the count limit), so the watchdog leaves such an
+  // exchange to the blocking call, once every rank knows that one needs it.
+  int derived = s.derived() || r.derived();
+  if (Timeout() > 0) {
+    if (int rc = Allreduce(&derived, &derived, 1, MPI_INT, MPI_LOR, comm)) return rc;
+  }
+  if (derived) return blocking();
+  return Complete(blocking, [&](MPI_Request* q) {
+    return MPI_Ialltoallw(in, s.counts(), s.displacements(), s.types(), out, r.counts(),
+                          r.displacements(), r.types(), comm, q);
+  });
 }
 
 int RankAndSize(MPI_Comm comm, int* rank, int* size) {

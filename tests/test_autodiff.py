@@ -88,6 +88,80 @@ def from_prev(xs, odd_constant=False):
     return [sent[(r - 1) % SIZE] for r in range(SIZE)]
 
 
+# Rows per rank of the v-variants: uneven, zero on rank 1.
+COUNTS = [2, 0, 1][:SIZE]
+OFFSETS = np.cumsum([0, *COUNTS])
+# alltoallv: rank r sends SENDS[r][j] rows to rank j.
+SENDS = [[(r + 2 * j + 1) % 3 for j in range(SIZE)] for r in range(SIZE)]
+
+
+def _rows_to(xs, r):
+    """What rank r receives in alltoallv: its rows from every rank, in rank order."""
+    return np.concatenate([np.split(xs[s], np.cumsum(SENDS[s])[:-1])[r] for s in range(SIZE)])
+
+
+def finite(y):
+    """y with the infinities of exscan(MIN/MAX)'s first rank (the op's
+    identity) as zeros, so that finite differences can be taken."""
+    return jnp.where(jnp.isfinite(y), y, 0)
+
+
+def _varied_cases():
+    """reduce_scatter, exscan and the v-variants."""
+    cases = [
+        Case(
+            "allgatherv",
+            lambda x, c: mpijax.allgatherv(x, COUNTS, comm=c),
+            lambda xs: [np.concatenate(xs)] * SIZE,
+            shape=lambda rank: (COUNTS[rank],),
+            replicated=True,
+        ),
+        Case(
+            "alltoallv",
+            lambda x, c: mpijax.alltoallv(x, SENDS[RANK], [SENDS[s][RANK] for s in range(SIZE)], comm=c),
+            lambda xs: [_rows_to(xs, r) for r in range(SIZE)],
+            shape=lambda rank: (sum(SENDS[rank]),),
+        ),
+    ]
+    for root in ROOTS:
+        cases += [
+            Case(
+                f"gatherv-root{root}",
+                lambda x, c, root=root: mpijax.gatherv(x, COUNTS, root, comm=c),
+                lambda xs, root=root: [np.concatenate(xs) if r == root else xs[r] for r in range(SIZE)],
+                shape=lambda rank: (COUNTS[rank],),
+            ),
+            Case(
+                f"scatterv-root{root}",
+                lambda x, c, root=root: mpijax.scatterv(x, COUNTS, root, comm=c),
+                lambda xs, root=root: [xs[root][OFFSETS[r] : OFFSETS[r + 1]] for r in range(SIZE)],
+                shape=lambda rank, root=root: (sum(COUNTS),) if rank == root else (COUNTS[rank],),
+            ),
+        ]
+    for op, f in [("SUM", np.add), ("MAX", np.maximum), ("MIN", np.minimum), ("PROD", np.multiply)]:
+        mpi_op = getattr(MPI, op)
+        cases += [
+            Case(
+                f"reduce_scatter-{op}",
+                lambda x, c, o=mpi_op: mpijax.reduce_scatter(x, o, comm=c),
+                lambda xs, f=f: [fold(f, [x[r] for x in xs]) for r in range(SIZE)],
+                shape=lambda rank: (SIZE, N),
+                linear=op == "SUM",
+            ),
+            Case(
+                f"exscan-{op}",
+                lambda x, c, o=mpi_op, op=op: (finite if op in ("MIN", "MAX") else jnp.asarray)(
+                    mpijax.exscan(x, o, comm=c)
+                ),
+                lambda xs, f=f, op=op: [
+                    fold(f, xs[:r]) if r else np.full(N, 1.0 if op == "PROD" else 0.0) for r in range(SIZE)
+                ],
+                linear=op == "SUM",
+            ),
+        ]
+    return cases
+
+
 def _cases():
     cases = []
     for op, f in [("SUM", np.add), ("MAX", np.maximum), ("MIN", np.minimum), ("PROD", np.multiply)]:
@@ -138,6 +212,7 @@ def _cases():
                 shape=lambda rank, root=root: (SIZE, N) if rank == root else (N,),
             ),
         ]
+    cases += _varied_cases()
     cases += [
         Case("allgather", lambda x, c: mpijax.allgather(x, comm=c), lambda xs: [np.stack(xs)] * SIZE, replicated=True),
         Case(
@@ -232,8 +307,10 @@ CASES = _cases()
 LINEAR = [c for c in CASES if c.linear and not c.wildcard]
 # jacfwd vmaps over each rank's input, jacrev over each rank's output: every
 # rank must vmap over the same number of basis vectors.
-SAME_INPUT_SIZE = [c for c in CASES if not c.name.startswith("scatter")]
-SAME_OUTPUT_SIZE = [c for c in CASES if not c.name.startswith("gather")]
+SAME_INPUT_SIZE = [c for c in CASES if len({c.shape(r) for r in range(SIZE)}) == 1]
+SAME_OUTPUT_SIZE = [
+    c for c in CASES if len({y.shape for y in c.reference([np.ones(c.shape(r)) for r in range(SIZE)])}) == 1
+]
 
 
 def draw(case, what, rank=RANK, shape=None):

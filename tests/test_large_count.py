@@ -54,6 +54,37 @@ def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
     assert_equal(run(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), x), xs[PREV])
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", COUNTS)
+def test_v_variants_and_reduce_scatter_past_the_limit(comm, limit, mode, n):
+    """Rank r has n + 3r rows: counts and offsets below and past the limit
+    (MPI's v-collectives, or one MPI_Alltoallw with 64-bit offsets)."""
+    counts = [n + 3 * r for r in range(SIZE)]
+    xs = [data((c, 2), "int16", r) for r, c in enumerate(counts)]
+    root = SIZE - 1
+    whole = np.concatenate(xs)
+    run = lambda f, *a: np.asarray(MODES[mode](f)(*a))  # noqa: E731
+    assert_equal(run(lambda x: mpijax.allgatherv(x, counts, comm=comm), xs[RANK]), whole)
+    assert_equal(
+        run(lambda x: mpijax.gatherv(x, counts, root, comm=comm), xs[RANK]), whole if RANK == root else xs[RANK]
+    )
+    assert_equal(
+        run(lambda x: mpijax.scatterv(x, counts, root, comm=comm), whole if RANK == root else xs[RANK]), xs[RANK]
+    )
+    # alltoallv: rank r sends n + r + j rows to rank j.
+    sent = [[data((n + r + j, 2), "int16", r, seed=j) for j in range(SIZE)] for r in range(SIZE)]
+    got = run(
+        lambda x: mpijax.alltoallv(
+            x, [n + RANK + j for j in range(SIZE)], [n + s + RANK for s in range(SIZE)], comm=comm
+        ),
+        np.concatenate(sent[RANK]),
+    )
+    assert_equal(got, np.concatenate([sent[s][RANK] for s in range(SIZE)]))
+    blocks = all_data((SIZE, n), "float64")
+    got = run(lambda x: mpijax.reduce_scatter(x, MPI.SUM, comm=comm), blocks[RANK])
+    assert_equal(got, np.sum([b[RANK] for b in blocks], axis=0))
+
+
 def test_send_recv_past_the_limit_with_status(comm, limit):
     status = MPI.Status()
     x = jnp.asarray(data((20,), "int16", RANK))
@@ -95,3 +126,14 @@ def test_sendrecv_more_than_int_max_elements(comm):
     f = jax.jit(lambda v: mpijax.sendrecv(pattern(v), jnp.zeros(N, jnp.int8), PREV, NEXT, comm=comm))
     got = np.asarray(f(RANK))
     assert_periodic(got, (np.arange(256) + PREV).astype(np.int8))
+
+
+@huge
+def test_allgatherv_more_than_int_max_elements_in_all(comm):
+    """N int8 elements in all, split over the ranks: offsets past 2**30 at
+    2 ranks (MPI_Allgatherv), one count past INT_MAX at 1 rank (MPI_Alltoallw)."""
+    counts = [N // SIZE + (N % SIZE if r == SIZE - 1 else 0) for r in range(SIZE)]
+    start = sum(counts[:RANK])
+    f = jax.jit(lambda v: mpijax.allgatherv(pattern(v)[start : start + counts[RANK]], counts, comm=comm))
+    got = np.asarray(f(0))
+    assert_periodic(got, np.arange(256).astype(np.int8))
