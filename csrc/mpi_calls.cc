@@ -479,77 +479,79 @@ int RankAndSize(MPI_Comm comm, int* rank, int* size) {
   return MPI_Comm_size(comm, size);
 }
 
+// Where allgatherv, gatherv and scatterv start: this rank's count, and the
+// int layout of the counts, which every rank shares (and so decides alike).
+struct Shared {
+  int error = MPI_SUCCESS, rank = 0, size = 0;
+  int64_t mine = 0;
+  IntLayout all;
+
+  Shared(const Counts& counts, MPI_Datatype type, MPI_Comm comm) : all(counts) {
+    error = type == MPI_DATATYPE_NULL ? MPI_ERR_TYPE : RankAndSize(comm, &rank, &size);
+    if (!error) mine = counts[static_cast<size_t>(rank)];
+  }
+  int n() const { return all.counts[static_cast<size_t>(rank)]; }
+};
+
 }  // namespace
 
 int Allgatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, MPI_Comm comm) {
-  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
-  int rank, size;
-  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
-  const int64_t mine = counts[static_cast<size_t>(rank)];
-  const IntLayout all(counts);
-  if (!all.fits) {
-    return Exchange(in, OnlyTo(-1, mine, size), Counts(counts.size()), out, counts, Offsets(counts),
-                    type, comm);
+  const Shared v(counts, type, comm);
+  if (v.error) return v.error;
+  if (!v.all.fits) {
+    return Exchange(in, OnlyTo(-1, v.mine, v.size), Counts(counts.size()), out, counts,
+                    Offsets(counts), type, comm);
   }
-  const int n = all.counts[static_cast<size_t>(rank)];
   return Complete(
       [&] {
-        return MPI_Allgatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
-                              comm);
+        return MPI_Allgatherv(in, v.n(), type, out, v.all.counts.data(), v.all.displacements.data(),
+                              type, comm);
       },
       [&](MPI_Request* r) {
-        return MPI_Iallgatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
-                               comm, r);
+        return MPI_Iallgatherv(in, v.n(), type, out, v.all.counts.data(),
+                               v.all.displacements.data(), type, comm, r);
       });
 }
 
 int Gatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
             MPI_Comm comm) {
-  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
-  int rank, size;
-  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
-  const int64_t mine = counts[static_cast<size_t>(rank)];
-  const IntLayout all(counts);
-  if (!all.fits) {
+  const Shared v(counts, type, comm);
+  if (v.error) return v.error;
+  if (!v.all.fits) {
     const Counts none(counts.size());
-    const bool root_here = rank == root;
-    return Exchange(in, OnlyTo(root, mine, size), none, out, root_here ? counts : none,
+    const bool root_here = v.rank == root;
+    return Exchange(in, OnlyTo(root, v.mine, v.size), none, out, root_here ? counts : none,
                     root_here ? Offsets(counts) : none, type, comm);
   }
-  const int n = all.counts[static_cast<size_t>(rank)];
   return Complete(
       [&] {
-        return MPI_Gatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
-                           root, comm);
+        return MPI_Gatherv(in, v.n(), type, out, v.all.counts.data(), v.all.displacements.data(),
+                           type, root, comm);
       },
       [&](MPI_Request* r) {
-        return MPI_Igatherv(in, n, type, out, all.counts.data(), all.displacements.data(), type,
-                            root, comm, r);
+        return MPI_Igatherv(in, v.n(), type, out, v.all.counts.data(), v.all.displacements.data(),
+                            type, root, comm, r);
       });
 }
 
 int Scatterv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
              MPI_Comm comm) {
-  if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
-  int rank, size;
-  if (int rc = RankAndSize(comm, &rank, &size)) return rc;
-  const int64_t mine = counts[static_cast<size_t>(rank)];
-  const IntLayout all(counts);
-  if (!all.fits) {
+  const Shared v(counts, type, comm);
+  if (v.error) return v.error;
+  if (!v.all.fits) {
     const Counts none(counts.size());
-    const bool root_here = rank == root;
+    const bool root_here = v.rank == root;
     return Exchange(in, root_here ? counts : none, root_here ? Offsets(counts) : none, out,
-                    OnlyTo(root, mine, size), none, type, comm);
+                    OnlyTo(root, v.mine, v.size), none, type, comm);
   }
-  const int n = all.counts[static_cast<size_t>(rank)];
   return Complete(
       [&] {
-        return MPI_Scatterv(in, all.counts.data(), all.displacements.data(), type, out, n, type,
-                            root, comm);
+        return MPI_Scatterv(in, v.all.counts.data(), v.all.displacements.data(), type, out, v.n(),
+                            type, root, comm);
       },
       [&](MPI_Request* r) {
-        return MPI_Iscatterv(in, all.counts.data(), all.displacements.data(), type, out, n, type,
-                             root, comm, r);
+        return MPI_Iscatterv(in, v.all.counts.data(), v.all.displacements.data(), type, out, v.n(),
+                             type, root, comm, r);
       });
 }
 
