@@ -38,6 +38,67 @@ const char* const kOps[] = {"allreduce",        "bcast",   "allgather", "alltoal
 
 int Iterations(long bytes) { return static_cast<int>(std::clamp(268435456L / bytes, 40L, 10000L)); }
 
+// reduce_scatter and exscan on n floats a rank (reduce_scatter: a block of n
+// for each rank), and the v-variants (varied.py) with uneven counts: rank r
+// has counts[r] = n (r + 1) / size floats (at least 1), the largest block n;
+// alltoallv sends counts[(r + j) % size] floats from rank r to rank j.
+bool Varied(const std::string& op, int n, int rank, int size, std::vector<float>& x,
+            std::vector<float>& y, const std::function<void()>& feed_back,
+            std::function<void()>* call) {
+  static std::vector<int> counts, offsets, sends, send_offsets, recvs, recv_offsets;
+  const auto layout = [size](const std::vector<int>& c, std::vector<int>* at) {
+    at->assign(static_cast<size_t>(size), 0);
+    for (int r = 1; r < size; ++r) (*at)[r] = (*at)[r - 1] + c[r - 1];
+  };
+  counts.assign(static_cast<size_t>(size), 0);
+  sends.assign(counts.size(), 0);
+  recvs.assign(counts.size(), 0);
+  for (int r = 0; r < size; ++r) counts[r] = std::max(static_cast<int>(1L * n * (r + 1) / size), 1);
+  for (int j = 0; j < size; ++j) {
+    sends[j] = counts[(rank + j) % size];
+    recvs[j] = counts[(j + rank) % size];
+  }
+  layout(counts, &offsets);
+  layout(sends, &send_offsets);
+  layout(recvs, &recv_offsets);
+  const int mine = counts[rank];
+  if (op == "reduce_scatter") {
+    *call = [&, n, feed_back] {
+      MPI_Reduce_scatter_block(x.data(), y.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else if (op == "exscan") {
+    *call = [&, n] { MPI_Exscan(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+  } else if (op == "allgatherv") {
+    *call = [&, mine, feed_back] {
+      MPI_Allgatherv(x.data(), mine, MPI_FLOAT, y.data(), counts.data(), offsets.data(), MPI_FLOAT,
+                     MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else if (op == "gatherv") {
+    *call = [&, mine, feed_back] {
+      MPI_Gatherv(x.data(), mine, MPI_FLOAT, y.data(), counts.data(), offsets.data(), MPI_FLOAT, 0,
+                  MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else if (op == "scatterv") {
+    *call = [&, mine, feed_back] {
+      MPI_Scatterv(x.data(), counts.data(), offsets.data(), MPI_FLOAT, y.data(), mine, MPI_FLOAT, 0,
+                   MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else if (op == "alltoallv") {
+    *call = [&, feed_back] {
+      MPI_Alltoallv(x.data(), sends.data(), send_offsets.data(), MPI_FLOAT, y.data(), recvs.data(),
+                    recv_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+      feed_back();
+    };
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Times `op` on messages of `bytes` and prints its line on rank 0.
 void TimeCase(const std::string& op, long bytes, int reps) {
   int rank, size;
@@ -92,7 +153,7 @@ void TimeCase(const std::string& op, long bytes, int reps) {
         MPI_Send(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
       }
     };
-  } else {
+  } else if (!Varied(op, n, rank, size, x, y, feed_back, &call)) {
     if (rank == 0) std::fprintf(stderr, "raw_mpi: unknown operation %s\n", op.c_str());
     return;
   }

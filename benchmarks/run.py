@@ -122,7 +122,7 @@ def interleaved(servers, sizes, rounds, results, ops=OPS):
 
     names, failed = list(servers), []
     for name in list(names):  # a first call pays for setting MPI up: not a case
-        ask(name, OPS[0], 8)
+        ask(name, ops[0], 8)
     cases = [(op, nbytes) for nbytes in sizes for op in ops]
     pooled = {}
     for lap in range(rounds):
