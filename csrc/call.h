@@ -38,6 +38,9 @@ struct CallInfo {
   const int64_t* counts = nullptr;
   const int64_t* recv_counts = nullptr;
   int64_t num_counts = 0;
+  // Whether check mode agrees on the call first: not for neighbor_exchange,
+  // whose messages go to several peers at once and are checked by size always.
+  bool checked = true;
 };
 
 inline bool PointToPoint(const CallInfo& call) {

@@ -34,6 +34,20 @@ std::string Awaited(const CallInfo& call, const Comm& comm) {
   return text;
 }
 
+// What a point-to-point call was doing: "receiving from rank 1 with tag 3",
+// "sending to rank 2 with tag 0", or both.
+std::string Messages(const CallInfo& call) {
+  std::string text;
+  if (call.source != kUnset) {
+    text = "receiving from " + Rank(call.source) + " with tag " + TagName(call.recv_tag);
+  }
+  if (call.dest != kUnset) {
+    text += (text.empty() ? "" : " and ") + std::string("sending to ") + Rank(call.dest) +
+            " with tag " + TagName(call.send_tag);
+  }
+  return text;
+}
+
 // The standard name of an error code's class: the part of an MPI error that
 // does not depend on the library.
 std::string ErrorClassName(int code) {
@@ -74,6 +88,13 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
                           ". The call was abandoned unfinished: end the program rather than use "
                           "MPI further.");
   }
+  // Point-to-point calls name the message, narrowed to the one at fault
+  // where a call makes several.
+  const std::string about = PointToPoint(call) ? " (" + Messages(call) + ")" : "";
+  if (code == mpi::kWrongSize) {
+    return ffi::Error::Internal(op + " failed on " + rank + ": a message shorter than its receive" +
+                                about + "; each message must fill its receive exactly");
+  }
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
   if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
@@ -83,7 +104,7 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   const std::string name = ErrorClassName(code);
   if (message.rfind(name, 0) != 0) message = name + ": " + message;
   return ffi::Error::Internal(op + " failed on " + rank + ": " + message + " (MPI error code " +
-                              std::to_string(code) + ")");
+                              std::to_string(code) + ")" + about);
 }
 
 }  // namespace mpijax

@@ -436,6 +436,88 @@ MPIJAX_OP(Sendrecv, "sendrecv",
               .template Attr<int64_t>("recvtag")
               .template Attr<int64_t>("status"));
 
+using Ints = ffi::Span<const int64_t>;
+
+// Result i comes from sources[i] under recvtags[i] (zeros from
+// MPI_PROC_NULL), and send i goes to dests[i] under sendtags[i]; all posted
+// at once. A derivative message that a receive from anyone set aside is taken
+// from there (mpi_calls.h). On an error `info` names the message at fault.
+template <class Memory>
+ffi::Error NeighborExchange(typename Memory::Context ctx, ffi::RemainingArgs args,
+                            ffi::RemainingRets rets, int64_t comm, Ints sources, Ints recvtags,
+                            Ints dests, Ints sendtags) {
+  CallInfo info;
+  info.op = "neighbor_exchange";
+  info.checked = false;
+  const size_t n_send = dests.size(), n_recv = sources.size();
+  if (args.size() != n_send + 1 || rets.size() != n_recv + 1 || sendtags.size() != n_send ||
+      recvtags.size() != n_recv) {
+    return ffi::Error::InvalidArgument("mpijax.neighbor_exchange: " + std::to_string(n_send) +
+                                       " destinations and " + std::to_string(n_recv) +
+                                       " sources do not match the operands");
+  }
+  std::vector<ffi::AnyBuffer> send;
+  std::vector<ffi::Result<ffi::AnyBuffer>> recv;
+  for (size_t i = 0; i < n_send; ++i) {
+    send.push_back(*args.get<ffi::AnyBuffer>(i));
+    info.count += static_cast<int64_t>(send.back().element_count());
+    info.bytes += static_cast<int64_t>(send.back().size_bytes());
+  }
+  for (size_t i = 0; i < n_recv; ++i) recv.push_back(*rets.get<ffi::AnyBuffer>(i));
+  if (!send.empty()) info.dtype = ElementOf(send[0].element_type()).name;
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    std::vector<mpi::Transfer> sends, recvs;
+    for (size_t i = 0; i < n_send; ++i) {
+      sends.push_back({m.In(send[i]), static_cast<int64_t>(send[i].element_count()),
+                       TypeOf(send[i]), static_cast<int>(dests[i]), static_cast<int>(sendtags[i])});
+    }
+    for (size_t i = 0; i < n_recv; ++i) {
+      ffi::AnyBuffer& y = *recv[i];
+      recvs.push_back({m.Out(y), static_cast<int64_t>(y.element_count()), TypeOf(y),
+                       static_cast<int>(sources[i]), static_cast<int>(recvtags[i])});
+    }
+    for (size_t i = 0; i < n_recv; ++i) {
+      mpi::Transfer& r = recvs[i];
+      const size_t bytes = recv[i]->size_bytes();
+      info.source = r.peer;
+      info.recv_tag = r.tag;
+      MPI_Status st;
+      const std::optional<int> taken = TakeAside(m, info, c.handle, r.data, bytes, &st);
+      MPI_Count received = 0;
+      if (taken && (*taken || MPI_Get_elements_x(&st, MPI_BYTE, &received) ||
+                    received != static_cast<MPI_Count>(bytes))) {
+        return *taken ? *taken : mpi::kWrongSize;
+      }
+      if (taken || r.peer == MPI_PROC_NULL) {
+        if (!taken) m.Zero(r.data, bytes);
+        r.peer = MPI_PROC_NULL;
+        r.count = 0;
+      }
+    }
+    int failed = -1;
+    const int code = mpi::NeighborExchange(recvs, sends, c.handle, &failed);
+    info.source = info.recv_tag = info.dest = info.send_tag = kUnset;
+    if (failed >= 0 && static_cast<size_t>(failed) < n_recv) {
+      info.source = static_cast<int>(sources[failed]);
+      info.recv_tag = static_cast<int>(recvtags[failed]);
+    } else if (failed >= 0) {
+      info.dest = static_cast<int>(dests[failed - static_cast<int>(n_recv)]);
+      info.send_tag = static_cast<int>(sendtags[failed - static_cast<int>(n_recv)]);
+    }
+    return code;
+  });
+}
+
+MPIJAX_OP(NeighborExchange, "neighbor_exchange",
+          P::Bind()
+              .RemainingArgs()
+              .RemainingRets()
+              .template Attr<int64_t>("comm")
+              .template Attr<Ints>("sources")
+              .template Attr<Ints>("recvtags")
+              .template Attr<Ints>("dests")
+              .template Attr<Ints>("sendtags"));
+
 #undef MPIJAX_OP
 
 }  // namespace

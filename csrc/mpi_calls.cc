@@ -17,36 +17,47 @@ namespace {
 std::atomic<int64_t> count_limit{INT_MAX};
 std::atomic<double> timeout{0.0};
 
-// Polls up to two requests (a receive first) until both complete or the
-// timeout passes. On timeout, point-to-point requests are let go: the
-// receive cancelled, the send freed (it may still complete).
-int Await(MPI_Request (&requests)[2], bool point_to_point, MPI_Status* status) {
+// Polls `n` requests until all complete or the timeout passes, filling
+// `statuses` (n of them). On timeout, point-to-point requests are let go:
+// the first `receives` of them (receives) cancelled, the others (sends)
+// freed, which may still complete; *pending (if given) is then the first
+// that had not completed.
+int AwaitAll(int n, MPI_Request* requests, MPI_Status* statuses, int receives, bool point_to_point,
+             int* pending = nullptr) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(Timeout());
-  MPI_Status statuses[2];
   int done = 0;
   while (true) {
-    const int rc = MPI_Testall(2, requests, &done, statuses);
+    const int rc = MPI_Testall(n, requests, &done, statuses);
     if (rc == MPI_ERR_IN_STATUS) {
-      for (const MPI_Status& s : statuses) {
-        if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) return s.MPI_ERROR;
+      for (int i = 0; i < n; ++i) {
+        const int e = statuses[i].MPI_ERROR;
+        if (e != MPI_SUCCESS && e != MPI_ERR_PENDING) return e;
       }
     }
     if (rc) return rc;
-    if (done) break;
+    if (done) return MPI_SUCCESS;
     if (Clock::now() > deadline) {
-      if (point_to_point) {
-        if (requests[0] != MPI_REQUEST_NULL) MPI_Cancel(&requests[0]);
-        for (MPI_Request& r : requests) {
-          if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-        }
+      for (int i = 0; point_to_point && i < n; ++i) {
+        if (requests[i] == MPI_REQUEST_NULL) continue;
+        int complete = 0;
+        MPI_Request_get_status(requests[i], &complete, MPI_STATUS_IGNORE);
+        if (pending && *pending < 0 && !complete) *pending = i;
+        if (i < receives) MPI_Cancel(&requests[i]);
+        MPI_Request_free(&requests[i]);
       }
       return kTimedOut;
     }
     std::this_thread::yield();  // ranks may share cores
   }
-  if (status != MPI_STATUS_IGNORE) *status = statuses[0];
-  return MPI_SUCCESS;
+}
+
+// AwaitAll of a receive (first, whose status it fills) and a send.
+int Await(MPI_Request (&requests)[2], bool point_to_point, MPI_Status* status) {
+  MPI_Status statuses[2];
+  const int rc = AwaitAll(2, requests, statuses, 1, point_to_point);
+  if (rc == MPI_SUCCESS && status != MPI_STATUS_IGNORE) *status = statuses[0];
+  return rc;
 }
 
 // Runs `blocking()`, or with a timeout `start(requests)` and Await.
@@ -306,6 +317,63 @@ int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int d
         return rc ? rc : MPI_Isend(send, s.count(), s.type(), dest, send_tag, comm, &q[1]);
       },
       true, status);
+}
+
+int NeighborExchange(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends,
+                     MPI_Comm comm, int* failed) {
+  *failed = -1;
+  const int n_recv = static_cast<int>(recvs.size());
+  const int n = n_recv + static_cast<int>(sends.size());
+  std::deque<Block> blocks;
+  std::vector<MPI_Request> requests(static_cast<size_t>(n), MPI_REQUEST_NULL);
+  std::vector<MPI_Status> statuses(static_cast<size_t>(n));
+  const auto post = [&](int i) {
+    const Transfer& t = i < n_recv ? recvs[i] : sends[i - n_recv];
+    const Block& b = blocks.emplace_back(t.count, t.type);
+    if (b.error()) return b.error();
+    return i < n_recv ? MPI_Irecv(t.data, b.count(), b.type(), t.peer, t.tag, comm, &requests[i])
+                      : MPI_Isend(t.data, b.count(), b.type(), t.peer, t.tag, comm, &requests[i]);
+  };
+  int rc = MPI_SUCCESS;
+  for (int i = 0; i < n && rc == MPI_SUCCESS; ++i) {
+    rc = post(i);
+    if (rc) *failed = i;
+  }
+  if (rc) {
+    for (int i = 0; i < n; ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      if (i < n_recv) MPI_Cancel(&requests[i]);
+      MPI_Request_free(&requests[i]);
+    }
+    return rc;
+  }
+  // Libraries set a status's error only for a request that failed.
+  for (MPI_Status& s : statuses) s.MPI_ERROR = MPI_SUCCESS;
+  if (Timeout() <= 0) {
+    rc = MPI_Waitall(n, requests.data(), statuses.data());
+  } else {
+    rc = AwaitAll(n, requests.data(), statuses.data(), n_recv, true, failed);
+  }
+  for (int i = 0; rc && rc != kTimedOut && i < n; ++i) {
+    const int e = statuses[i].MPI_ERROR;
+    if (e != MPI_SUCCESS && e != MPI_ERR_PENDING) {
+      *failed = i;
+      return e;
+    }
+  }
+  if (rc) return rc;
+  for (int i = 0; i < n_recv; ++i) {
+    if (recvs[i].peer == MPI_PROC_NULL) continue;
+    MPI_Count received = 0;
+    int element = 0;
+    if ((rc = MPI_Get_elements_x(&statuses[i], MPI_BYTE, &received))) return rc;
+    if ((rc = MPI_Type_size(recvs[i].type, &element))) return rc;
+    if (received != recvs[i].count * element) {
+      *failed = i;
+      return kWrongSize;
+    }
+  }
+  return MPI_SUCCESS;
 }
 
 int Barrier(MPI_Comm comm) {

@@ -4,7 +4,7 @@
 // (reductions, whose predefined ops only apply to predefined types).
 // Every function returns an MPI error code: MPI_ERR_TYPE for MPI_DATATYPE_NULL
 // and MPI_ERR_OP for MPI_OP_NULL, which callers pass for what they cannot map,
-// or kTimedOut.
+// or kTimedOut (kWrongSize where said).
 //
 // The watchdog (MPIJAX_TIMEOUT): with a timeout set, each call starts the
 // nonblocking form and polls it, and gives up with kTimedOut once it has not
@@ -31,6 +31,8 @@ void SetCountLimit(int64_t limit);
 double Timeout();
 void SetTimeout(double seconds);
 inline constexpr int kTimedOut = -1;  // MPI error codes are >= 0
+// A message shorter than its receive, where it must fill it (NeighborExchange).
+inline constexpr int kWrongSize = -2;
 
 // `count` elements of `element` as one (int count, datatype) pair.
 class Block {
@@ -64,6 +66,24 @@ int Recv(void* buf, int64_t count, MPI_Datatype type, int source, int tag, MPI_C
 int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int dest, int send_tag,
              void* recv, int64_t recv_count, MPI_Datatype recv_type, int source, int recv_tag,
              MPI_Comm comm, MPI_Status* status);
+
+// One message of NeighborExchange: `count` elements of `type` at `data`, to
+// or from `peer` (which may be MPI_PROC_NULL) under `tag`.
+struct Transfer {
+  void* data;
+  int64_t count;
+  MPI_Datatype type;
+  int peer;
+  int tag;
+};
+// Posts every receive, then every send, and completes them together: one
+// round of MPI for any number of neighbours, oneself included. A message must
+// fill its receive exactly: a longer one is MPI_ERR_TRUNCATE, a shorter one
+// kWrongSize. On an
+// error or timeout *failed is the message's index (receives first, then
+// sends), or -1 if no one message is to blame.
+int NeighborExchange(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends,
+                     MPI_Comm comm, int* failed);
 
 int Barrier(MPI_Comm comm);
 // `count` is the per-rank block for the rooted and all-to-all collectives.

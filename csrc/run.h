@@ -51,7 +51,7 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
   InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();
   std::string mismatch;
-  int code = CheckEnabled() ? Agree(info, comm.handle, &mismatch) : MPI_SUCCESS;
+  int code = CheckEnabled() && info.checked ? Agree(info, comm.handle, &mismatch) : MPI_SUCCESS;
   // A collective that ranks disagree on must not run; point-to-point calls
   // run what still matches (check.h).
   if (code == MPI_SUCCESS && (mismatch.empty() || PointToPoint(info))) code = call(comm, memory);

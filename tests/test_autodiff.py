@@ -100,6 +100,25 @@ def _rows_to(xs, r):
     return np.concatenate([np.split(xs[s], np.cumsum(SENDS[s])[:-1])[r] for s in range(SIZE)])
 
 
+LEFT = PREV if RANK > 0 else MPI.PROC_NULL
+RIGHT = NEXT if RANK < SIZE - 1 else MPI.PROC_NULL
+
+
+def chain_exchange(x, comm):
+    """x to the right, twice its head to the left, x reversed to oneself."""
+    a, b, s = mpijax.neighbor_exchange([x, 2 * x[:2], x[::-1]], [LEFT, RIGHT, RANK], [RIGHT, LEFT, RANK], comm=comm)
+    return jnp.concatenate([a, b, s])
+
+
+def chain_reference(xs):
+    def result(r):
+        a = xs[r - 1] if r > 0 else np.zeros(N)
+        b = 2 * xs[r + 1][:2] if r < SIZE - 1 else np.zeros(2)
+        return np.concatenate([a, b, xs[r][::-1]])
+
+    return [result(r) for r in range(SIZE)]
+
+
 def finite(y):
     """y with the infinities of exscan(MIN/MAX)'s first rank (the op's
     identity) as zeros, so that finite differences can be taken."""
@@ -292,6 +311,15 @@ def _cases():
             lambda xs: [np.full(N, C)] * SIZE,
             replicated=True,
             linear=False,  # constant
+        ),
+        # Many neighbours at once: a chain (MPI.PROC_NULL at its ends, whose
+        # receive gives zeros), oneself, messages of other shapes than x.
+        Case("neighbor_exchange-chain", chain_exchange, chain_reference),
+        # A ring: at 2 ranks both messages go to the same neighbour (told apart by tag).
+        Case(
+            "neighbor_exchange-ring",
+            lambda x, c: jnp.concatenate(mpijax.neighbor_exchange([x, 3 * x], [PREV, NEXT], [NEXT, PREV], comm=c)),
+            lambda xs: [np.concatenate([xs[(r - 1) % SIZE], 3 * xs[(r + 1) % SIZE]]) for r in range(SIZE)],
         ),
         Case(
             "scatter-constant-buffer",

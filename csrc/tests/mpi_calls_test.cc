@@ -192,6 +192,37 @@ TEST_P(MpiCalls, SendrecvRing) {
   EXPECT_EQ(status.MPI_SOURCE, prev);
 }
 
+// Every message in flight at once: to the next rank, the previous one,
+// oneself, and nowhere (MPI_PROC_NULL); then a message shorter than its
+// receive, which NeighborExchange reports.
+TEST_P(MpiCalls, NeighborExchange) {
+  const int64_t n = Count();
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  auto a = Data(rank_, n), b = Data(rank_ + 10, n), c = Data(rank_ + 20, n);
+  std::vector<int> from_prev(n, -1), from_next(n, -1), from_self(n, -1), none(n, -1);
+  const std::vector<Transfer> sends = {{a.data(), n, MPI_INT, next, 0},
+                                       {b.data(), n, MPI_INT, prev, 1},
+                                       {c.data(), n, MPI_INT, rank_, 2},
+                                       {a.data(), n, MPI_INT, MPI_PROC_NULL, 3}};
+  const std::vector<Transfer> recvs = {{from_prev.data(), n, MPI_INT, prev, 0},
+                                       {from_next.data(), n, MPI_INT, next, 1},
+                                       {from_self.data(), n, MPI_INT, rank_, 2},
+                                       {none.data(), n, MPI_INT, MPI_PROC_NULL, 3}};
+  int failed = 0;
+  ASSERT_EQ(NeighborExchange(recvs, sends, MPI_COMM_WORLD, &failed), MPI_SUCCESS);
+  EXPECT_EQ(failed, -1);
+  EXPECT_EQ(from_prev, Data(prev, n));
+  EXPECT_EQ(from_next, Data(next + 10, n));
+  EXPECT_EQ(from_self, c);
+  EXPECT_EQ(none, std::vector<int>(n, -1));
+
+  std::vector<int> longer(n + 1);
+  ASSERT_EQ(NeighborExchange({{longer.data(), n + 1, MPI_INT, rank_, 4}},
+                             {{a.data(), n, MPI_INT, rank_, 4}}, MPI_COMM_WORLD, &failed),
+            kWrongSize);
+  EXPECT_EQ(failed, 0);
+}
+
 // Sends to oneself return before their receive runs (they could never
 // complete otherwise: mpijax makes one MPI call at a time), and keep order.
 TEST_P(MpiCalls, SendsToSelfBeforeTheirReceives) {

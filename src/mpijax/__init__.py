@@ -16,6 +16,7 @@ from ._src.ops.collectives import (
     scatter,
     scatterv,
 )
+from ._src.ops.neighbors import cart_neighbors, halo_exchange, neighbor_exchange
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, exscan, reduce, reduce_scatter, scan
 from ._src.primitive import wait
@@ -38,11 +39,14 @@ __all__ = [
     "bcast",
     "bind_local_gpu",
     "call_stats",
+    "cart_neighbors",
     "exscan",
     "gather",
     "gatherv",
+    "halo_exchange",
     "has_cuda_support",
     "has_sycl_support",
+    "neighbor_exchange",
     "recv",
     "reduce",
     "reduce_scatter",

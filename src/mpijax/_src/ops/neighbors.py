@@ -1,0 +1,266 @@
+"""neighbor_exchange: messages to and from any number of neighbours in one
+call, one round of MPI (the halo exchanges of stencil, finite-element and
+particle codes); and the helpers that build its lists from a Cartesian
+communicator and fill an array's ghost cells with it."""
+
+import itertools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad
+from mpi4py import MPI
+
+from .. import comm as _comm
+from .. import dtypes, validation
+from ..primitive import batch_operands, cotangent, mpi_primitive
+from ..runtime import core
+
+
+def _sequence(values, name, op, length=None):
+    if isinstance(values, jax.core.Tracer) or isinstance(values, str) or not hasattr(values, "__len__"):
+        raise TypeError(f"mpijax.{op}: {name} must be a list or tuple, got {type(values).__name__}")
+    if length is not None and len(values) != length:
+        raise ValueError(f"mpijax.{op}: {name} has {len(values)} entries; expected {length}, one per message")
+    return list(values)
+
+
+def _spec(template, op, name):
+    """(shape, dtype) of a receive: from an array or a jax.ShapeDtypeStruct."""
+    if not hasattr(template, "shape") or not hasattr(template, "dtype"):
+        template = dtypes.array(template, op, name)
+    dtype = np.dtype(template.dtype)
+    dtypes.check_dtype(dtype, op, name)
+    return tuple(int(n) for n in template.shape), dtype
+
+
+def _nbytes(spec):
+    shape, dtype = spec
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _check_self_messages(comm, sends, specs, sources, dests, tags, op):
+    """Messages to oneself are matched here, at trace time: each needs its
+    receive in the same call (no later call could take it), of its size."""
+    receives = [j for j, s in enumerate(sources) if s == comm.rank]
+    for i, d in enumerate(dests):
+        if d != comm.rank:
+            continue
+        j = next((j for j in receives if tags[j] == tags[i]), None)
+        if j is None:
+            raise ValueError(
+                f"mpijax.{op}: on rank {comm.rank}, message {i} goes to this rank itself with tag {tags[i]}, "
+                "but no receive of this call takes it (a source equal to this rank with that tag)"
+            )
+        receives.remove(j)
+        if _nbytes(sends[i]) != _nbytes(specs[j]):
+            raise ValueError(
+                f"mpijax.{op}: on rank {comm.rank}, message {i} to this rank itself has {_nbytes(sends[i])} bytes "
+                f"but its receive (result {j}) has {_nbytes(specs[j])}; a message must fill its receive exactly"
+            )
+
+
+def neighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=None):
+    """Send sends[i] to rank dests[i] and receive result i from rank
+    sources[i], both under tags[i] (default: i), all messages at once: one
+    round of MPI (Isend/Irecv/Waitall) for any number of neighbours.
+
+    recvs[i] gives the shape and dtype of result i, as an array (whose values
+    are not used) or a jax.ShapeDtypeStruct; by default those of sends[i].
+    Each message must fill its receive exactly. MPI.PROC_NULL as a source
+    gives zeros, as a destination sends nothing (domain edges). A rank may be
+    its own neighbour, and a neighbour may appear several times (distinct
+    tags tell the messages apart). Returns the list of results.
+    """
+    op = "neighbor_exchange"
+    comm = _comm.resolve(comm, op)
+    sends = [dtypes.array(x, op, f"sends[{i}]") for i, x in enumerate(_sequence(sends, "sends", op))]
+    n = len(sends)
+    sources = [
+        validation.rank(s, f"sources[{i}]", comm, op, allow=(MPI.PROC_NULL,))
+        for i, s in enumerate(_sequence(sources, "sources", op, n))
+    ]
+    dests = [
+        validation.rank(d, f"dests[{i}]", comm, op, allow=(MPI.PROC_NULL,))
+        for i, d in enumerate(_sequence(dests, "dests", op, n))
+    ]
+    tags = range(n) if tags is None else _sequence(tags, "tags", op, n)
+    tags = tuple(validation.tag(t, f"tags[{i}]", op) for i, t in enumerate(tags))
+    recvs = sends if recvs is None else _sequence(recvs, "recvs", op, n)
+    specs = tuple(_spec(r, op, f"recvs[{i}]") for i, r in enumerate(recvs))
+    _check_self_messages(comm, [_spec(x, op, "sends") for x in sends], specs, sources, dests, tags, op)
+    if n == 0:
+        return []
+    return exchange_p.bind(
+        *sends,
+        comm=comm.id,
+        sources=tuple(sources),
+        recvtags=tags,
+        dests=tuple(dests),
+        sendtags=tags,
+        recvs=specs,
+    )
+
+
+def _inexact(dtype):
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _select(params, send_keep, recv_keep):
+    """The messages of `params` kept (for derivatives: the inexact ones,
+    kept alike on both ends since a message's dtype is the same there), under
+    derivative tags (csrc/tags.h)."""
+    pick = lambda values, keep: tuple(values[i] for i in keep)  # noqa: E731
+    derivative = lambda tags: tuple(core.derivative_tag(t) for t in tags)  # noqa: E731
+    return dict(
+        comm=params["comm"],
+        sources=pick(params["sources"], recv_keep),
+        recvtags=derivative(pick(params["recvtags"], recv_keep)),
+        dests=pick(params["dests"], send_keep),
+        sendtags=derivative(pick(params["sendtags"], send_keep)),
+        recvs=pick(params["recvs"], recv_keep),
+    )
+
+
+def _jvp(prim, primals, tangents, **params):
+    """Linear: the tangents of the floating-point messages travel the same
+    way in a second exchange."""
+    outs = prim.bind_primal(*primals, **params)
+    send_keep = [i for i, x in enumerate(primals) if _inexact(x.dtype)]
+    recv_keep = [j for j, (_, dtype) in enumerate(params["recvs"]) if _inexact(dtype)]
+    moved = prim.bind(*[ad.instantiate_zeros(tangents[i]) for i in send_keep], **_select(params, send_keep, recv_keep))
+    out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
+    for j, t in zip(recv_keep, moved, strict=True):
+        out_tangents[j] = t
+    return outs, out_tangents
+
+
+def _transpose(cts, *sends, **params):
+    """The exchange with sources and destinations swapped: each result's
+    cotangent goes back to its source, and each send's arrives from its
+    destination."""
+    send_avals = [x.aval if ad.is_undefined_primal(x) else jax.typeof(x) for x in sends]
+    send_keep = [i for i, a in enumerate(send_avals) if _inexact(a.dtype)]
+    recv_keep = [j for j, (_, dtype) in enumerate(params["recvs"]) if _inexact(dtype)]
+    forward = _select(params, send_keep, recv_keep)
+    back = exchange_p.bind(
+        *[cotangent(cts[j]) for j in recv_keep],
+        comm=params["comm"],
+        sources=forward["dests"],
+        recvtags=forward["sendtags"],
+        dests=forward["sources"],
+        sendtags=forward["recvtags"],
+        recvs=tuple((send_avals[i].shape, np.dtype(send_avals[i].dtype)) for i in send_keep),
+    )
+    results = [None] * len(sends)
+    for i, ct in zip(send_keep, back, strict=True):
+        results[i] = ct
+    return results
+
+
+def _batch(prim, args, dims, *, recvs, **params):
+    """One exchange of the whole batch, batch axis first in every message."""
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    outs = prim.bind(
+        *batch_operands(args, dims, [0] * len(args)),
+        recvs=tuple(((size, *shape), dtype) for shape, dtype in recvs),
+        **params,
+    )
+    return outs, [0] * len(outs)
+
+
+exchange_p = mpi_primitive(
+    "neighbor_exchange",
+    lambda *sends, recvs, **p: [jax.core.ShapedArray(shape, dtype) for shape, dtype in recvs],
+    jvp=_jvp,
+    transpose=_transpose,
+    batch=_batch,
+    attributes=("comm", "sources", "recvtags", "dests", "sendtags"),
+)
+
+
+class Neighbors(NamedTuple):
+    """The messages of a halo exchange on a Cartesian communicator: message i
+    goes in direction offsets[i] (one -1, 0 or 1 per dimension) to dests[i],
+    and comes from the opposite side, sources[i]; MPI.PROC_NULL beyond a
+    non-periodic edge."""
+
+    offsets: tuple
+    sources: tuple
+    dests: tuple
+
+
+def cart_neighbors(comm, *, corners=True):
+    """The neighbours of this rank on `comm`, an mpi4py Cartcomm (from
+    Create_cart): the 2 * ndim faces, and with `corners` the edges and
+    corners too (3**ndim - 1 in all), in a fixed order that is the same on
+    every rank, so that message i is tagged alike on both of its ends."""
+    if not isinstance(comm, MPI.Cartcomm):
+        raise TypeError(
+            "mpijax.cart_neighbors: comm must be a Cartesian communicator (mpi4py.MPI.Cartcomm, from "
+            f"comm.Create_cart(dims, periods)), got {type(comm).__name__}"
+        )
+    dims, periods, coords = comm.Get_topo()
+
+    def rank_at(offset):
+        at = []
+        for c, d, n, periodic in zip(coords, offset, dims, periods, strict=True):
+            if not periodic and not 0 <= c + d < n:
+                return MPI.PROC_NULL
+            at.append((c + d) % n)
+        return comm.Get_cart_rank(at)
+
+    offsets = tuple(
+        d for d in itertools.product((-1, 0, 1), repeat=len(dims)) if any(d) and (corners or sum(map(abs, d)) == 1)
+    )
+    return Neighbors(offsets, tuple(rank_at(tuple(-c for c in d)) for d in offsets), tuple(map(rank_at, offsets)))
+
+
+def _strips(offset, shape, width, sending):
+    """The index of what goes in direction `offset`: the interior cells next
+    to that side (sending), or the ghost cells on the opposite side, where the
+    neighbour's strip lands (receiving)."""
+    index = []
+    for d, n in zip(offset, shape, strict=False):
+        if d == 0:
+            index.append(slice(width, n - width))
+        elif sending:
+            index.append(slice(n - 2 * width, n - width) if d > 0 else slice(width, 2 * width))
+        else:
+            index.append(slice(0, width) if d > 0 else slice(n - width, n))
+    return tuple(index)
+
+
+def halo_exchange(x, comm, *, width=1, corners=True):
+    """Fill the ghost cells of `x` from the neighbouring ranks on the
+    Cartesian communicator `comm`, in one neighbor_exchange.
+
+    The first comm.ndim axes of `x` are the decomposed ones; along each, `x`
+    holds `width` ghost cells on both sides of this rank's interior. With
+    `corners`, the diagonal neighbours' corner cells are exchanged too (9- and
+    27-point stencils need them). Ghost cells beyond a non-periodic edge keep
+    their values (boundary conditions)."""
+    op = "halo_exchange"
+    neighbors = cart_neighbors(comm, corners=corners)
+    x = dtypes.array(x, op)
+    width = validation.static_int(width, "width", op)
+    ndim = len(neighbors.offsets[0]) if neighbors.offsets else comm.Get_dim()
+    if width < 1 or x.ndim < ndim or any(n < 3 * width for n in x.shape[:ndim]):
+        raise ValueError(
+            f"mpijax.{op}: x must have at least 3 * width = {3 * width} cells (ghosts included) along each of "
+            f"its first {ndim} axes, the decomposed ones, with width >= 1; got shape {x.shape} and width {width}"
+        )
+    nowhere = (MPI.PROC_NULL, MPI.PROC_NULL)
+    messages = [i for i, pair in enumerate(zip(neighbors.sources, neighbors.dests, strict=True)) if pair != nowhere]
+    received = neighbor_exchange(
+        [x[_strips(neighbors.offsets[i], x.shape, width, True)] for i in messages],
+        [neighbors.sources[i] for i in messages],
+        [neighbors.dests[i] for i in messages],
+        tags=messages,
+        comm=comm,
+    )
+    for i, ghost in zip(messages, received, strict=True):
+        if neighbors.sources[i] != MPI.PROC_NULL:
+            x = x.at[_strips(neighbors.offsets[i], x.shape, width, False)].set(ghost)
+    return x

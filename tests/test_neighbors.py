@@ -1,0 +1,236 @@
+"""neighbor_exchange, cart_neighbors and halo_exchange against NumPy
+references built from every rank's input: rings, chains with MPI.PROC_NULL
+ends, oneself as neighbour, repeated neighbours, messages far above the eager
+limit, Cartesian halos (faces and corners, periodic or walled, widths 1 and
+2), the argument checks, and grad through a loop of halo-exchange steps
+against finite differences. Derivatives and vmap of neighbor_exchange itself
+are in test_autodiff.py's case table."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from mpi4py import MPI
+
+import mpijax
+
+from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+
+
+def run(mode, f, *args):
+    return [np.asarray(y) for y in MODES[mode](f)(*args)]
+
+
+@checkerboard(dtype=DTYPES, shape=[(), (0,), (5,), (4, 2)])
+def test_ring_both_ways_and_oneself(comm, mode, dtype, shape):
+    xs = [[data(shape, dtype, r, seed) for seed in range(3)] for r in range(SIZE)]
+    got = run(
+        mode,
+        lambda a, b, c: mpijax.neighbor_exchange([a, b, c], [PREV, NEXT, RANK], [NEXT, PREV, RANK], comm=comm),
+        *xs[RANK],
+    )
+    for y, want in zip(got, [xs[PREV][0], xs[NEXT][1], xs[RANK][2]], strict=True):
+        assert_equal(y, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_chain_ends_receive_zeros_and_send_nothing(comm, mode):
+    left = PREV if RANK > 0 else MPI.PROC_NULL
+    right = NEXT if RANK < SIZE - 1 else MPI.PROC_NULL
+    x = jnp.full((3,), RANK + 1.0)
+    to_right, to_left = run(
+        mode, lambda x: mpijax.neighbor_exchange([x, -x], [left, right], [right, left], comm=comm), x
+    )
+    assert_equal(to_right, np.full(3, float(RANK)) if RANK > 0 else np.zeros(3))
+    assert_equal(to_left, -np.full(3, RANK + 2.0) if RANK < SIZE - 1 else np.zeros(3))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_receive_specs_and_tags(comm, mode):
+    """Receives of another shape and dtype than the sends (same bytes), given
+    as arrays or ShapeDtypeStructs; tags chosen by the caller, the same
+    neighbour twice (in reverse order on the receiving side)."""
+    x = jnp.arange(6, dtype=jnp.float32) + 10 * RANK
+    recvs = [jax.ShapeDtypeStruct((2, 3), jnp.float32), jnp.zeros(3, jnp.int64)]
+    got = run(
+        mode,
+        lambda x: mpijax.neighbor_exchange(
+            [x, x[:6].view(jnp.int32)], [PREV, PREV], [NEXT, NEXT], recvs=recvs, tags=[7, 3], comm=comm
+        ),
+        x,
+    )
+    theirs = np.arange(6, dtype=np.float32) + 10 * PREV
+    assert_equal(got[0], theirs.reshape(2, 3))
+    assert_equal(got[1], theirs.view(np.int64))
+
+
+def test_large_messages_all_at_once(comm):
+    """8 MiB each way and to oneself: every message in flight at once, none
+    waiting for another (blocking sends in a row would deadlock here)."""
+    n = BIG // 4
+    x = jnp.arange(n, dtype=jnp.float32) + RANK
+    got = jax.jit(
+        lambda x: mpijax.neighbor_exchange([x, x + 1, x + 2], [PREV, NEXT, RANK], [NEXT, PREV, RANK], comm=comm)
+    )(x)
+    base = np.arange(n, dtype=np.float32)
+    for y, want in zip(got, [base + PREV, base + NEXT + 1, base + RANK + 2], strict=True):
+        assert_equal(y, want)
+
+
+def test_no_messages(comm):
+    assert mpijax.neighbor_exchange([], [], [], comm=comm) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(sources=[RANK], dests=[RANK, RANK]), ValueError, "dests has 2 entries; expected 1"),
+        (dict(sources=[MPI.ANY_SOURCE], dests=[RANK]), ValueError, r"sources\[0\]=-1 is out of range"),
+        (dict(sources=[RANK], dests=[SIZE]), ValueError, rf"dests\[0\]={SIZE} is out of range"),
+        (dict(sources=[RANK], dests=[RANK], tags=[MPI.ANY_TAG]), ValueError, r"tags\[0\]=-1 is out of range"),
+        (dict(sources=[RANK], dests=[RANK], recvs=[np.zeros(2)]), ValueError, "must fill its receive exactly"),
+        (dict(sources=[RANK], dests=RANK), TypeError, "dests must be a list or tuple"),
+    ],
+)
+def test_argument_errors_at_trace_time(comm, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        jax.jit(lambda x: mpijax.neighbor_exchange([x], comm=comm, **kwargs)).lower(jnp.ones(3))
+
+
+def test_a_message_to_oneself_needs_its_receive(comm):
+    with pytest.raises(ValueError, match="goes to this rank itself with tag 0, but no receive"):
+        mpijax.neighbor_exchange([jnp.ones(2)], [MPI.PROC_NULL], [RANK], comm=comm)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a neighbour")
+@pytest.mark.parametrize("sent,received,match", [(2, 4, "shorter than its receive"), (4, 2, "MPI_ERR_TRUNCATE")])
+def test_a_message_of_the_wrong_size_is_an_error_where_it_arrives(comm, sent, received, match):
+    """Rank 0 sends to rank 1 a message of another size than rank 1 expects:
+    rank 1 raises, naming the message; rank 0's send completes."""
+    f = {
+        0: lambda: mpijax.neighbor_exchange([jnp.ones(sent)], [MPI.PROC_NULL], [1], comm=comm),
+        1: lambda: mpijax.neighbor_exchange([jnp.ones(0)], [0], [MPI.PROC_NULL], recvs=[jnp.ones(received)], comm=comm),
+    }.get(RANK, lambda: [])
+    try:
+        if RANK == 1:
+            with pytest.raises(jax.errors.JaxRuntimeError, match=rf"{match}.*receiving from rank 0 with tag 0"):
+                jax.block_until_ready(f())
+        else:
+            jax.block_until_ready(f())
+    finally:
+        comm.Barrier()
+
+
+def cart(periodic, ndim=2):
+    return MPI.COMM_WORLD.Create_cart(MPI.Compute_dims(SIZE, ndim), periods=[periodic] * ndim)
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+@pytest.mark.parametrize("corners", [True, False])
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_cart_neighbors(periodic, corners, ndim):
+    c = cart(periodic, ndim)
+    dims, coords = c.Get_topo()[0], c.Get_coords(RANK)
+    got = mpijax.cart_neighbors(c, corners=corners)
+    assert len(got.offsets) == (3**ndim - 1 if corners else 2 * ndim)
+    for offset, source, dest in zip(*got, strict=True):
+        for sign, peer in ((1, dest), (-1, source)):
+            at = [x + sign * d for x, d in zip(coords, offset, strict=True)]
+            inside = all(0 <= a < n for a, n in zip(at, dims, strict=True))
+            want = (
+                c.Get_cart_rank([a % n for a, n in zip(at, dims, strict=True)]) if periodic or inside else MPI.PROC_NULL
+            )
+            assert peer == want, (offset, sign)
+    c.Free()
+
+
+def test_cart_neighbors_needs_a_cartesian_communicator(comm):
+    with pytest.raises(TypeError, match="must be a Cartesian communicator"):
+        mpijax.cart_neighbors(comm)
+
+
+def local_block(glob, c, interior, width, fill):
+    """This rank's block of `glob` with `width` ghost cells per side: the
+    neighbours' cells (the other side of the domain where periodic), or
+    `fill` beyond a wall."""
+    dims, periods, coords = c.Get_topo()
+    padded = glob
+    for axis, periodic in enumerate(periods):
+        pad = [(0, 0)] * glob.ndim
+        pad[axis] = (width, width)
+        padded = np.pad(padded, pad, mode="wrap") if periodic else np.pad(padded, pad, constant_values=fill)
+    index = tuple(slice(k * n, k * n + n + 2 * width) for k, n in zip(coords, interior, strict=True))
+    return padded[index]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("periodic", [True, False])
+@pytest.mark.parametrize("corners", [True, False])
+@pytest.mark.parametrize("width", [1, 2])
+def test_halo_exchange_fills_ghost_cells_like_the_global_array(mode, periodic, corners, width):
+    c = cart(periodic)
+    dims = c.Get_topo()[0]
+    interior = (4, 3)
+    glob = np.arange(np.prod(dims) * 12, dtype=np.float64).reshape(dims[0] * 4, dims[1] * 3)
+    want = local_block(glob, c, interior, width, fill=-1.0)
+    before = want.copy()  # ghosts stale (-1): the exchange must fill them
+    before[:width], before[-width:], before[:, :width], before[:, -width:] = -1.0, -1.0, -1.0, -1.0
+    if not corners:  # corner ghosts keep their stale values
+        for i in (slice(0, width), slice(-width, None)):
+            for j in (slice(0, width), slice(-width, None)):
+                want[i, j] = -1.0
+    got = MODES[mode](lambda x: mpijax.halo_exchange(x, c, width=width, corners=corners))(before)
+    assert_equal(got, want)
+    c.Free()
+
+
+def test_halo_exchange_checks_its_array():
+    c = cart(True)
+    with pytest.raises(ValueError, match=r"at least 3 \* width = 6 cells"):
+        mpijax.halo_exchange(jnp.zeros((5, 9)), c, width=2)
+    c.Free()
+
+
+STEPS = 4
+
+
+def diffuse(u, c):
+    """STEPS explicit steps of a 5-point diffusion stencil with a nonlinear
+    source, ghost cells refreshed by a halo exchange each step."""
+
+    def step(_, u):
+        u = mpijax.halo_exchange(u, c, corners=False)
+        lap = u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4 * u[1:-1, 1:-1]
+        return u.at[1:-1, 1:-1].add(0.1 * lap + 0.05 * jnp.sin(u[1:-1, 1:-1]))
+
+    u = lax.fori_loop(0, STEPS, step, u)
+    return jnp.sum(u[1:-1, 1:-1] ** 2)
+
+
+def diffuse_global(glob):
+    for _ in range(STEPS):
+        lap = sum(np.roll(glob, s, axis) for axis in (0, 1) for s in (1, -1)) - 4 * glob
+        glob = glob + 0.1 * lap + 0.05 * np.sin(glob)
+    return np.sum(glob**2)
+
+
+def test_grad_through_a_loop_of_halo_exchange_steps():
+    """The gradient of a periodic diffusion run (every rank's loss summed)
+    against central finite differences of the same run in NumPy on the whole
+    grid, along a random direction."""
+    c = cart(True)
+    dims = c.Get_topo()[0]
+    rng = np.random.default_rng(3)
+    glob, direction = rng.normal(size=(2, dims[0] * 4, dims[1] * 4))
+    local = lambda g: local_block(g, c, (4, 4), 1, fill=0.0)  # noqa: E731
+    grad = jax.jit(jax.grad(lambda u: diffuse(u, c)))(local(glob))
+    mine = float(np.sum(np.asarray(grad)[1:-1, 1:-1] * local(direction)[1:-1, 1:-1]))
+    h = 1e-6
+    fd = (diffuse_global(glob + h * direction) - diffuse_global(glob - h * direction)) / (2 * h)
+    np.testing.assert_allclose(MPI.COMM_WORLD.allreduce(mine), fd, rtol=1e-6)
+    c.Free()
