@@ -38,7 +38,7 @@ MPI4JAX_SIGNATURES = {
     "has_cuda_support": "()",
     "has_sycl_support": "()",
 }
-# mpijax's own additions: the collectives mpi4jax lacks (README), the
+# mpijax's own additions: the collectives mpi4jax lacks (README), the halo exchange (docs/halo.md), the
 # reliability switches (docs/failure-modes.md), the GPU helpers (docs/gpu.md)
 # and waiting for queued calls (README).
 MPIJAX_EXTRAS = {
@@ -48,6 +48,9 @@ MPIJAX_EXTRAS = {
     "gatherv": "(x, counts, root, *, comm=None)",
     "reduce_scatter": "(x, op, *, comm=None)",
     "scatterv": "(x, counts, root, *, comm=None)",
+    "neighbor_exchange": "(sends, sources, dests, *, recvs=None, tags=None, comm=None)",
+    "cart_neighbors": "(comm, *, corners=True)",
+    "halo_exchange": "(x, comm, *, width=1, corners=True)",
     "bind_local_gpu": "(comm=None)",
     "call_stats": "(*, reset=False)",
     "set_check": "(enabled=True)",

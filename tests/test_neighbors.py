@@ -90,9 +90,13 @@ def test_no_messages(comm):
     "kwargs,error,match",
     [
         (dict(sources=[RANK], dests=[RANK, RANK]), ValueError, "dests has 2 entries; expected 1"),
-        (dict(sources=[MPI.ANY_SOURCE], dests=[RANK]), ValueError, r"sources\[0\]=-1 is out of range"),
+        (dict(sources=[MPI.ANY_SOURCE], dests=[RANK]), ValueError, rf"sources\[0\]={MPI.ANY_SOURCE} is out of range"),
         (dict(sources=[RANK], dests=[SIZE]), ValueError, rf"dests\[0\]={SIZE} is out of range"),
-        (dict(sources=[RANK], dests=[RANK], tags=[MPI.ANY_TAG]), ValueError, r"tags\[0\]=-1 is out of range"),
+        (
+            dict(sources=[RANK], dests=[RANK], tags=[MPI.ANY_TAG]),
+            ValueError,
+            rf"tags\[0\]={MPI.ANY_TAG} is out of range",
+        ),
         (dict(sources=[RANK], dests=[RANK], recvs=[np.zeros(2)]), ValueError, "must fill its receive exactly"),
         (dict(sources=[RANK], dests=RANK), TypeError, "dests must be a list or tuple"),
     ],
@@ -234,3 +238,46 @@ def test_grad_through_a_loop_of_halo_exchange_steps():
     fd = (diffuse_global(glob + h * direction) - diffuse_global(glob - h * direction)) / (2 * h)
     np.testing.assert_allclose(MPI.COMM_WORLD.allreduce(mine), fd, rtol=1e-6)
     c.Free()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a neighbour")
+def test_the_watchdog_names_the_message_it_waited_for(comm):
+    """Rank 0 waits for a message rank 1 never sends: the watchdog raises,
+    naming it."""
+    mpijax.set_timeout(1)
+    try:
+        if RANK == 0:
+            with pytest.raises(jax.errors.JaxRuntimeError, match="timed out .* a message from rank 1 with tag 5"):
+                jax.block_until_ready(
+                    mpijax.neighbor_exchange([jnp.ones(2)], [1], [MPI.PROC_NULL], tags=[5], comm=comm)
+                )
+    finally:
+        mpijax.set_timeout(60)
+        comm.Barrier()
+
+
+def test_check_mode_leaves_it_alone(comm):
+    """Check mode does not cover neighbor_exchange (messages to several peers
+    at once are checked by size on arrival, always): it runs as without it."""
+    mpijax.set_check(True)
+    try:
+        (y,) = mpijax.neighbor_exchange([jnp.arange(3.0) + RANK], [PREV], [NEXT], comm=comm)
+    finally:
+        mpijax.set_check(False)
+    assert_equal(y, np.arange(3.0) + PREV)
+
+
+def test_integer_messages_have_no_derivatives(comm):
+    """Integer messages ride along; the derivative exchanges leave them out on
+    both ends (a message of floats and one of ints, both ways round)."""
+
+    def loss(x):
+        y, k = mpijax.neighbor_exchange([x, jnp.arange(3) + RANK], [PREV, NEXT], [NEXT, PREV], comm=comm)
+        return jnp.sum(y**2) + jnp.sum(k)
+
+    x = jnp.arange(3.0) + RANK
+    value, grad = jax.jit(jax.value_and_grad(loss))(x)
+    assert float(MPI.COMM_WORLD.allreduce(float(value))) == sum(
+        float(np.sum((np.arange(3.0) + r) ** 2) + np.sum(np.arange(3) + r)) for r in range(SIZE)
+    )
+    assert_equal(grad, 2 * (np.arange(3.0) + RANK))  # x's square is computed on the next rank
