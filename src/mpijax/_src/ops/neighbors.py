@@ -253,10 +253,19 @@ def halo_exchange(x, comm, *, width=1, corners=True):
         )
     nowhere = (MPI.PROC_NULL, MPI.PROC_NULL)
     messages = [i for i, pair in enumerate(zip(neighbors.sources, neighbors.dests, strict=True)) if pair != nowhere]
+    # At a wall one side of a message is MPI.PROC_NULL: it moves nothing, so it
+    # is given nothing to slice, copy or zero.
+    nothing = jax.ShapeDtypeStruct((0,), x.dtype)
+    sends, recvs = [], []
+    for i in messages:
+        strip = x[_strips(neighbors.offsets[i], x.shape, width, True)]
+        sends.append(strip if neighbors.dests[i] != MPI.PROC_NULL else jnp.zeros(0, x.dtype))
+        recvs.append(strip if neighbors.sources[i] != MPI.PROC_NULL else nothing)
     received = neighbor_exchange(
-        [x[_strips(neighbors.offsets[i], x.shape, width, True)] for i in messages],
+        sends,
         [neighbors.sources[i] for i in messages],
         [neighbors.dests[i] for i in messages],
+        recvs=recvs,
         tags=messages,
         comm=comm,
     )
