@@ -11,10 +11,13 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "memory.h"
+#include "pending.h"
 #include "run.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -517,6 +520,127 @@ MPIJAX_OP(NeighborExchange, "neighbor_exchange",
               .template Attr<Ints>("recvtags")
               .template Attr<Ints>("dests")
               .template Attr<Ints>("sendtags"));
+
+// Starts the messages of a neighbor_exchange (isend and irecv are its cases
+// of one message) and returns at once with the id of their Pending (an int32
+// scalar). The operands are the sends, then an empty array per receive
+// (which only gives vmap something to batch), then the token.
+template <class Memory>
+ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                 int64_t comm, Ints sources, Ints recvtags, Ints dests, Ints sendtags,
+                 Ints recv_bytes) {
+  CallInfo info;
+  info.op = "start";
+  info.checked = false;
+  const size_t n_send = dests.size(), n_recv = sources.size();
+  if (args.size() != n_send + n_recv + 1 || rets.size() != 2 || recv_bytes.size() != n_recv) {
+    return ffi::Error::InvalidArgument("mpijax.start: the lists do not match the operands");
+  }
+  std::vector<ffi::AnyBuffer> send;
+  for (size_t i = 0; i < n_send; ++i) {
+    send.push_back(*args.get<ffi::AnyBuffer>(i));
+    info.bytes += static_cast<int64_t>(send.back().size_bytes());
+  }
+  ffi::Result<ffi::AnyBuffer> id = *rets.get<ffi::AnyBuffer>(0);
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    Pending p;
+    p.comm = c.handle;
+    for (size_t i = 0; i < n_send; ++i) {
+      std::vector<char>& copy = p.buffers.emplace_back(send[i].size_bytes());
+      m.Copy(copy.data(), m.In(send[i]), copy.size());
+      p.sends.push_back({copy.data(), static_cast<int64_t>(copy.size()), MPI_BYTE,
+                         static_cast<int>(dests[i]), static_cast<int>(sendtags[i])});
+    }
+    for (size_t i = 0; i < n_recv; ++i) {
+      std::vector<char>& place = p.buffers.emplace_back(static_cast<size_t>(recv_bytes[i]));
+      p.recvs.push_back({place.data(), recv_bytes[i], MPI_BYTE, static_cast<int>(sources[i]),
+                         static_cast<int>(recvtags[i])});
+    }
+    int failed = -1;
+    if (int rc = mpi::Post(p.recvs, p.sends, c.handle, &p.requests, &failed)) return rc;
+    const int32_t kept = Keep(std::move(p));
+    m.Copy(m.Out(*id), &kept, sizeof kept);
+    return MPI_SUCCESS;
+  });
+}
+
+MPIJAX_OP(Start, "start",
+          P::Bind()
+              .RemainingArgs()
+              .RemainingRets()
+              .template Attr<int64_t>("comm")
+              .template Attr<Ints>("sources")
+              .template Attr<Ints>("recvtags")
+              .template Attr<Ints>("dests")
+              .template Attr<Ints>("sendtags")
+              .template Attr<Ints>("recv_bytes"));
+
+// Completes the Pending of each of the first `requests` operands (ids), in
+// order, and returns what their receives received, in order (then the
+// token). The operands after the ids (then the token) are not read: they only
+// make XLA compute them before the wait. A message from MPI_PROC_NULL gives
+// zeros.
+template <class Memory>
+ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                int64_t comm, int64_t requests) {
+  CallInfo info;
+  info.op = "wait";
+  info.checked = false;
+  std::vector<ffi::AnyBuffer> ids;
+  for (int64_t i = 0; i < requests && static_cast<size_t>(i) + 1 < args.size(); ++i) {
+    ids.push_back(*args.get<ffi::AnyBuffer>(static_cast<size_t>(i)));
+  }
+  std::vector<ffi::Result<ffi::AnyBuffer>> outs;
+  for (size_t i = 0; i + 1 < rets.size(); ++i) outs.push_back(*rets.get<ffi::AnyBuffer>(i));
+  std::string missing;
+  const ffi::Error error = Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm&, Memory& m) {
+    std::vector<void*> views;
+    for (auto& y : outs) views.push_back(m.Out(*y));
+    size_t next = 0;
+    for (const ffi::AnyBuffer& buffer : ids) {
+      int32_t id = 0;
+      m.Copy(&id, m.In(buffer), sizeof id);
+      std::optional<Pending> p = Take(id);
+      if (!p) {
+        missing = "request " + std::to_string(id) + " is not pending (waited for already?)";
+        return MPI_SUCCESS;
+      }
+      int failed = -1;
+      const int rc = mpi::Finish(p->recvs, &p->requests, &failed);
+      if (rc) {
+        const bool receive = failed >= 0 && static_cast<size_t>(failed) < p->recvs.size();
+        const mpi::Transfer* t = failed < 0 ? nullptr
+                                 : receive  ? &p->recvs[failed]
+                                            : &p->sends[failed - p->recvs.size()];
+        if (t) (receive ? info.source : info.dest) = t->peer;
+        if (t) (receive ? info.recv_tag : info.send_tag) = t->tag;
+        return rc;
+      }
+      for (const mpi::Transfer& r : p->recvs) {
+        if (next == outs.size() || outs[next]->size_bytes() != static_cast<size_t>(r.count)) {
+          missing = "the results do not match the pending receives";
+          return MPI_SUCCESS;
+        }
+        if (r.peer == MPI_PROC_NULL) {
+          m.Zero(views[next], static_cast<size_t>(r.count));
+        } else {
+          m.Copy(views[next], r.data, static_cast<size_t>(r.count));
+        }
+        ++next;
+      }
+    }
+    return MPI_SUCCESS;
+  });
+  if (!missing.empty()) {
+    return ffi::Error::Internal("mpijax.wait: " + missing);
+  }
+  return error;
+}
+
+MPIJAX_OP(
+    Wait, "wait",
+    P::Bind().RemainingArgs().RemainingRets().template Attr<int64_t>("comm").template Attr<int64_t>(
+        "requests"));
 
 #undef MPIJAX_OP
 

@@ -319,41 +319,43 @@ int Sendrecv(const void* send, int64_t send_count, MPI_Datatype send_type, int d
       true, status);
 }
 
-int NeighborExchange(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends,
-                     MPI_Comm comm, int* failed) {
+int Post(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends, MPI_Comm comm,
+         std::vector<MPI_Request>* requests, int* failed) {
   *failed = -1;
-  const int n_recv = static_cast<int>(recvs.size());
-  const int n = n_recv + static_cast<int>(sends.size());
-  std::deque<Block> blocks;
-  std::vector<MPI_Request> requests(static_cast<size_t>(n), MPI_REQUEST_NULL);
-  std::vector<MPI_Status> statuses(static_cast<size_t>(n));
-  const auto post = [&](int i) {
-    const Transfer& t = i < n_recv ? recvs[i] : sends[i - n_recv];
-    const Block& b = blocks.emplace_back(t.count, t.type);
-    if (b.error()) return b.error();
-    return i < n_recv ? MPI_Irecv(t.data, b.count(), b.type(), t.peer, t.tag, comm, &requests[i])
-                      : MPI_Isend(t.data, b.count(), b.type(), t.peer, t.tag, comm, &requests[i]);
-  };
+  const size_t n_recv = recvs.size();
+  requests->assign(n_recv + sends.size(), MPI_REQUEST_NULL);
   int rc = MPI_SUCCESS;
-  for (int i = 0; i < n && rc == MPI_SUCCESS; ++i) {
-    rc = post(i);
-    if (rc) *failed = i;
+  // A Block's datatype may be freed once its message is posted (MPI lets
+  // pending communication finish).
+  for (size_t i = 0; i < requests->size() && rc == MPI_SUCCESS; ++i) {
+    const Transfer& t = i < n_recv ? recvs[i] : sends[i - n_recv];
+    MPI_Request* r = &(*requests)[i];
+    const Block b(t.count, t.type);
+    rc = b.error()    ? b.error()
+         : i < n_recv ? MPI_Irecv(t.data, b.count(), b.type(), t.peer, t.tag, comm, r)
+                      : MPI_Isend(t.data, b.count(), b.type(), t.peer, t.tag, comm, r);
+    if (rc) *failed = static_cast<int>(i);
   }
   if (rc) {
-    for (int i = 0; i < n; ++i) {
-      if (requests[i] == MPI_REQUEST_NULL) continue;
-      if (i < n_recv) MPI_Cancel(&requests[i]);
-      MPI_Request_free(&requests[i]);
+    for (size_t i = 0; i < requests->size(); ++i) {
+      MPI_Request& r = (*requests)[i];
+      if (r == MPI_REQUEST_NULL) continue;
+      if (i < n_recv) MPI_Cancel(&r);
+      MPI_Request_free(&r);
     }
-    return rc;
   }
+  return rc;
+}
+
+int Finish(const std::vector<Transfer>& recvs, std::vector<MPI_Request>* requests, int* failed) {
+  *failed = -1;
+  const int n_recv = static_cast<int>(recvs.size());
+  const int n = static_cast<int>(requests->size());
+  std::vector<MPI_Status> statuses(requests->size());
   // Libraries set a status's error only for a request that failed.
   for (MPI_Status& s : statuses) s.MPI_ERROR = MPI_SUCCESS;
-  if (Timeout() <= 0) {
-    rc = MPI_Waitall(n, requests.data(), statuses.data());
-  } else {
-    rc = AwaitAll(n, requests.data(), statuses.data(), n_recv, true, failed);
-  }
+  int rc = Timeout() <= 0 ? MPI_Waitall(n, requests->data(), statuses.data())
+                          : AwaitAll(n, requests->data(), statuses.data(), n_recv, true, failed);
   for (int i = 0; rc && rc != kTimedOut && i < n; ++i) {
     const int e = statuses[i].MPI_ERROR;
     if (e != MPI_SUCCESS && e != MPI_ERR_PENDING) {
@@ -374,6 +376,13 @@ int NeighborExchange(const std::vector<Transfer>& recvs, const std::vector<Trans
     }
   }
   return MPI_SUCCESS;
+}
+
+int NeighborExchange(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends,
+                     MPI_Comm comm, int* failed) {
+  std::vector<MPI_Request> requests;
+  if (int rc = Post(recvs, sends, comm, &requests, failed)) return rc;
+  return Finish(recvs, &requests, failed);
 }
 
 int Barrier(MPI_Comm comm) {

@@ -84,6 +84,12 @@ struct Transfer {
 // sends), or -1 if no one message is to blame.
 int NeighborExchange(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends,
                      MPI_Comm comm, int* failed);
+// Its two halves, for calls that let computation run between them: Post
+// starts every message (receives first), one request each; Finish completes
+// them. In between, the buffers belong to MPI.
+int Post(const std::vector<Transfer>& recvs, const std::vector<Transfer>& sends, MPI_Comm comm,
+         std::vector<MPI_Request>* requests, int* failed);
+int Finish(const std::vector<Transfer>& recvs, std::vector<MPI_Request>* requests, int* failed);
 
 int Barrier(MPI_Comm comm);
 // `count` is the per-rank block for the rooted and all-to-all collectives.

@@ -17,9 +17,9 @@ from ._src.ops.collectives import (
     scatterv,
 )
 from ._src.ops.neighbors import cart_neighbors, halo_exchange, neighbor_exchange
+from ._src.ops.nonblocking import Request, ineighbor_exchange, irecv, isend, started, wait
 from ._src.ops.point_to_point import recv, send, sendrecv
 from ._src.ops.reductions import allreduce, exscan, reduce, reduce_scatter, scan
-from ._src.primitive import wait
 from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
 from ._src.seed_api import Allreduce, Recv, Send, Sendrecv  # mpi4jax 0.2
 
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Allreduce",
     "Recv",
+    "Request",
     "Send",
     "Sendrecv",
     "allgather",
@@ -46,6 +47,9 @@ __all__ = [
     "halo_exchange",
     "has_cuda_support",
     "has_sycl_support",
+    "ineighbor_exchange",
+    "irecv",
+    "isend",
     "neighbor_exchange",
     "recv",
     "reduce",
@@ -58,5 +62,6 @@ __all__ = [
     "set_check",
     "set_cuda_aware",
     "set_timeout",
+    "started",
     "wait",
 ]

@@ -32,16 +32,16 @@ jax_compat.aot_calls_thread_runtime_tokens()
 seal = jax_compat.seal_at_top_level(mpi_effect)
 
 
-def wait():
+def drain():
     """Block until every MPI call dispatched so far, from any thread, has run
-    (jax.effects_barrier() does the same)."""
+    (mpijax.wait() with no requests; jax.effects_barrier() does the same)."""
     jax.effects_barrier()
 
 
 # Python may reach MPI_Finalize (mpi4py calls it after every atexit function)
 # with MPI calls still queued; JAX's own atexit function runs after its
 # backends are gone, too late to drain a sealed device.
-atexit.register(wait)
+atexit.register(drain)
 
 
 class MpiPrimitive(jax_compat.Primitive):

@@ -61,6 +61,27 @@ def _check_self_messages(comm, sends, specs, sources, dests, tags, op):
             )
 
 
+def exchange_lists(sends, sources, dests, recvs, tags, comm, op):
+    """The arguments of a neighbor exchange, validated: sends as arrays;
+    sources, dests and tags as tuples of ints; recvs as (shape, dtype)."""
+    sends = [dtypes.array(x, op, f"sends[{i}]") for i, x in enumerate(_sequence(sends, "sends", op))]
+    n = len(sends)
+    sources = tuple(
+        validation.rank(s, f"sources[{i}]", comm, op, allow=(MPI.PROC_NULL,))
+        for i, s in enumerate(_sequence(sources, "sources", op, n))
+    )
+    dests = tuple(
+        validation.rank(d, f"dests[{i}]", comm, op, allow=(MPI.PROC_NULL,))
+        for i, d in enumerate(_sequence(dests, "dests", op, n))
+    )
+    tags = range(n) if tags is None else _sequence(tags, "tags", op, n)
+    tags = tuple(validation.tag(t, f"tags[{i}]", op) for i, t in enumerate(tags))
+    recvs = sends if recvs is None else _sequence(recvs, "recvs", op, n)
+    specs = tuple(_spec(r, op, f"recvs[{i}]") for i, r in enumerate(recvs))
+    _check_self_messages(comm, [_spec(x, op, "sends") for x in sends], specs, sources, dests, tags, op)
+    return sends, sources, dests, tags, specs
+
+
 def neighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=None):
     """Send sends[i] to rank dests[i] and receive result i from rank
     sources[i], both under tags[i] (default: i), all messages at once: one
@@ -73,31 +94,17 @@ def neighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=None
     its own neighbour, and a neighbour may appear several times (distinct
     tags tell the messages apart). Returns the list of results.
     """
-    op = "neighbor_exchange"
-    comm = _comm.resolve(comm, op)
-    sends = [dtypes.array(x, op, f"sends[{i}]") for i, x in enumerate(_sequence(sends, "sends", op))]
+    comm = _comm.resolve(comm, "neighbor_exchange")
+    sends, sources, dests, tags, specs = exchange_lists(sends, sources, dests, recvs, tags, comm, "neighbor_exchange")
     n = len(sends)
-    sources = [
-        validation.rank(s, f"sources[{i}]", comm, op, allow=(MPI.PROC_NULL,))
-        for i, s in enumerate(_sequence(sources, "sources", op, n))
-    ]
-    dests = [
-        validation.rank(d, f"dests[{i}]", comm, op, allow=(MPI.PROC_NULL,))
-        for i, d in enumerate(_sequence(dests, "dests", op, n))
-    ]
-    tags = range(n) if tags is None else _sequence(tags, "tags", op, n)
-    tags = tuple(validation.tag(t, f"tags[{i}]", op) for i, t in enumerate(tags))
-    recvs = sends if recvs is None else _sequence(recvs, "recvs", op, n)
-    specs = tuple(_spec(r, op, f"recvs[{i}]") for i, r in enumerate(recvs))
-    _check_self_messages(comm, [_spec(x, op, "sends") for x in sends], specs, sources, dests, tags, op)
     if n == 0:
         return []
     return exchange_p.bind(
         *sends,
         comm=comm.id,
-        sources=tuple(sources),
+        sources=sources,
         recvtags=tags,
-        dests=tuple(dests),
+        dests=dests,
         sendtags=tags,
         recvs=specs,
     )

@@ -1,0 +1,34 @@
+#include "pending.h"
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace mpijax {
+namespace {
+
+std::mutex mutex;
+std::map<int32_t, Pending> kept;
+int32_t last = 0;
+
+}  // namespace
+
+int32_t Keep(Pending pending) {
+  std::lock_guard<std::mutex> lock(mutex);
+  do {
+    last = last == INT32_MAX ? 1 : last + 1;
+  } while (kept.count(last));
+  kept.emplace(last, std::move(pending));
+  return last;
+}
+
+std::optional<Pending> Take(int32_t id) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = kept.find(id);
+  if (it == kept.end()) return std::nullopt;
+  Pending pending = std::move(it->second);
+  kept.erase(it);
+  return pending;
+}
+
+}  // namespace mpijax

@@ -1,0 +1,32 @@
+// Messages that one call starts and a later call completes (mpijax.isend,
+// irecv and ineighbor_exchange, then mpijax.wait), kept here with the
+// buffers MPI works on, under an id that the program carries from the start
+// to the wait as data.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "mpi_calls.h"
+
+namespace mpijax {
+
+struct Pending {
+  MPI_Comm comm = MPI_COMM_NULL;
+  // Their data points into `buffers`: the sends' copies (XLA may reuse the
+  // sends' own buffers once the start returns) and the receives' places.
+  std::vector<mpi::Transfer> recvs, sends;
+  std::vector<MPI_Request> requests;  // receives first (mpi::Post)
+  std::vector<std::vector<char>> buffers;
+};
+
+// Keeps `pending` and returns its id (never 0).
+int32_t Keep(Pending pending);
+// The pending messages of `id`, which are no longer kept; none if there are
+// none under that id (never started, or already waited for).
+std::optional<Pending> Take(int32_t id);
+
+}  // namespace mpijax
