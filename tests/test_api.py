@@ -56,14 +56,19 @@ MPIJAX_EXTRAS = {
     "set_check": "(enabled=True)",
     "set_cuda_aware": "(enabled=True)",
     "set_timeout": "(seconds)",
-    "wait": "()",
+    "wait": "(requests=None, *, after=None)",
+    "isend": "(x, dest, *, tag=0, comm=None)",
+    "irecv": "(x, source, *, tag=0, comm=None)",
+    "ineighbor_exchange": "(sends, sources, dests, *, recvs=None, tags=None, comm=None)",
+    "started": "(requests, x)",
 }
 
 
 def test_public_names_and_signatures():
     public = MPI4JAX_SIGNATURES | MPIJAX_EXTRAS
     seed = ["Allreduce", "Recv", "Send", "Sendrecv"]  # mpi4jax 0.2's API: tests/test_seed_api.py
-    assert sorted(mpijax.__all__) == sorted([*public, *seed])
+    types = ["Request"]  # what isend, irecv and ineighbor_exchange return
+    assert sorted(mpijax.__all__) == sorted([*public, *seed, *types])
     for name, signature in public.items():
         assert str(inspect.signature(getattr(mpijax, name))) == signature, name
 
