@@ -168,3 +168,14 @@ def test_errors(comm):
     # Found while JAX dispatches the eager call, the error comes as JAX raises those: a ValueError.
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="mpijax.wait: request [0-9]+ is not pending"):
         jax.block_until_ready(mpijax.wait(request))
+
+
+def test_a_request_never_waited_for_is_an_error_at_trace_time(comm):
+    def f(x):
+        mpijax.isend(x, RANK, comm=comm)
+        return x + 1
+
+    with pytest.raises(ValueError, match=r"1 request\(s\) started by isend, irecv or ineighbor_exchange .* never used"):
+        jax.jit(f).lower(jnp.ones(2))
+    with pytest.raises(ValueError, match="never used"):
+        jax.jit(lambda x: lax.fori_loop(0, 2, lambda i, x: f(x), x)).lower(jnp.ones(2))

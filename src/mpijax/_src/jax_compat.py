@@ -171,6 +171,29 @@ def _sealed(closed, effect):
     return _core.ClosedJaxpr(jaxpr, ())
 
 
+# Functions called with every program JAX lowers at the top level (where
+# seal_at_top_level hooks in), before it is lowered: they raise to refuse it.
+program_checks = []
+
+
+def unused_results(closed_jaxpr, primitive):
+    """The equations of `primitive`, anywhere in the program (nested jit,
+    loops, cond, ...), none of whose results is used where they are made."""
+    found = []
+
+    def walk(jaxpr):
+        used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _core.Var)}
+        used |= {v for v in jaxpr.outvars if isinstance(v, _core.Var)}
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is primitive and not any(v in used for v in eqn.outvars):
+                found.append(eqn)
+            for sub in _core.jaxprs_in_params(eqn.params):
+                walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return found
+
+
 def seal_at_top_level(effect):
     """Seal `effect` into the programs that JAX lowers from now on where it
     can (see _Seal), and make the programs it cannot seal wait for the
@@ -189,6 +212,8 @@ def seal_at_top_level(effect):
 
     @_util.weakref_lru_cache
     def lowering(closed_jaxpr, *args, **kwargs):
+        for check in program_checks:
+            check(closed_jaxpr)
         given = signature.bind(closed_jaxpr, *args, **kwargs).arguments
         if effect in closed_jaxpr.effects and seal.may_seal(given["backend"], given["num_devices"], given["platforms"]):
             closed_jaxpr = _sealed(closed_jaxpr, effect)

@@ -19,7 +19,7 @@ from jax import lax
 from mpi4py import MPI
 
 from .. import comm as _comm
-from .. import dtypes, validation
+from .. import dtypes, jax_compat, validation
 from ..primitive import batch_operands, drain, mpi_primitive
 from .neighbors import _nbytes, exchange_lists
 from .point_to_point import _dest
@@ -199,3 +199,18 @@ wait_p = mpi_primitive(
     batch=_batch_wait,
     attributes=("comm", "requests"),
 )
+
+
+def _every_request_is_used(closed_jaxpr):
+    """A request dropped where it is started would never be waited for: its
+    messages would stay pending, and a send might keep its receiver, or
+    MPI_Finalize, waiting."""
+    dropped = jax_compat.unused_results(closed_jaxpr, start_p)
+    if dropped:
+        raise ValueError(
+            f"mpijax: {len(dropped)} request(s) started by isend, irecv or ineighbor_exchange in this function are "
+            "never used: pass each Request to mpijax.wait (or return it, or carry it on) where it is started"
+        )
+
+
+jax_compat.program_checks.append(_every_request_is_used)
