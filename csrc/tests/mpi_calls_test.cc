@@ -8,9 +8,11 @@
 #include <climits>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <tuple>
 #include <vector>
 
+#include "pending.h"
 #include "tags.h"
 
 namespace mpijax::mpi {
@@ -221,6 +223,34 @@ TEST_P(MpiCalls, NeighborExchange) {
                              {{a.data(), n, MPI_INT, rank_, 4}}, MPI_COMM_WORLD, &failed),
             kWrongSize);
   EXPECT_EQ(failed, 0);
+}
+
+// Started messages outlive the call that started them, in the Pending table
+// under their id, until one Take completes them.
+TEST_P(MpiCalls, PostedMessagesFinishLater) {
+  const int64_t n = Count();
+  const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+  Pending p;
+  p.comm = MPI_COMM_WORLD;
+  p.buffers = {std::vector<char>(n * sizeof(int)), std::vector<char>(n * sizeof(int))};
+  const auto mine = Data(rank_, n);
+  std::memcpy(p.buffers[0].data(), mine.data(), p.buffers[0].size());
+  p.sends = {{p.buffers[0].data(), n, MPI_INT, next, 6}};
+  p.recvs = {{p.buffers[1].data(), n, MPI_INT, prev, 6}};
+  int failed = 0;
+  ASSERT_EQ(Post(p.recvs, p.sends, MPI_COMM_WORLD, &p.requests, &failed), MPI_SUCCESS);
+  const int32_t id = Keep(std::move(p));
+  EXPECT_NE(id, 0);
+  const int32_t other = Keep(Pending{});
+  EXPECT_NE(other, id);
+  EXPECT_TRUE(Take(other));
+  std::optional<Pending> taken = Take(id);
+  ASSERT_TRUE(taken);
+  EXPECT_FALSE(Take(id));  // taken once
+  ASSERT_EQ(Finish(taken->recvs, &taken->requests, &failed), MPI_SUCCESS);
+  std::vector<int> got(n);
+  std::memcpy(got.data(), taken->buffers[1].data(), taken->buffers[1].size());
+  EXPECT_EQ(got, Data(prev, n));
 }
 
 // Sends to oneself return before their receive runs (they could never
