@@ -177,7 +177,7 @@ def test_mpi_failure_is_an_exception_and_the_process_carries_on(comm, mode):
     and the messages."""
     f = MODES[mode](lambda s, r: mpijax.sendrecv(s, r, PREV, NEXT, comm=comm))
     match = (
-        rf"mpijax\.sendrecv failed on rank {RANK} of {SIZE}: MPI_ERR_TRUNCATE.*"
+        rf"(?s)mpijax\.sendrecv failed on rank {RANK} of {SIZE}: MPI_ERR_TRUNCATE.*"
         rf"\(receiving from rank {PREV} with tag ANY_TAG and sending to rank {NEXT} with tag 0\)"
     )
     with pytest.raises(jax.errors.JaxRuntimeError, match=match):
