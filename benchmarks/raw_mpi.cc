@@ -16,9 +16,12 @@
 // and allgather/alltoall write one element of the result back into the input.
 // MPI runs at MPI_THREAD_MULTIPLE, the level mpi4py (and so every Python
 // binding) asks for.
+// halo.py's cases, "halo_AxB_K" (Halo below), move K messages of SIZE bytes
+// each and take max(iterations / K, 10) calls, as its JAX loops do.
 //   raw_mpi REPS SIZE [SIZE...]   every operation at these sizes (bytes)
 //   raw_mpi REPS serve            the cases named on standard input, one
 //                                 "OP BYTES" line each (worker.py --serve)
+//   raw_mpi REPS serve chained    the same, halo cases as K MPI_Sendrecv
 #include <mpi.h>
 
 #include <algorithm>
@@ -32,6 +35,10 @@
 #include <vector>
 
 namespace {
+
+// Halo cases as one MPI_Sendrecv per message rather than all at once: what
+// chaining sendrecv costs in MPI itself, without JAX.
+bool chained_halo = false;
 
 const char* const kOps[] = {"allreduce",        "bcast",   "allgather", "alltoall", "sendrecv",
                             "sendrecv_inplace", "pingpong"};
@@ -99,6 +106,79 @@ bool Varied(const std::string& op, int n, int rank, int size, std::vector<float>
   return true;
 }
 
+// The halo exchange of halo.py: "halo_AxB_K" names a periodic A x B
+// Cartesian communicator (MPI_Cart_create, no reordering) and K messages of n
+// floats. Message i goes in direction offsets[i] to the rank at coords +
+// offset and comes from coords - offset, under tag i; the offsets follow
+// mpijax.cart_neighbors (itertools.product((-1, 0, 1), repeat=2) order):
+// K = 2 the two faces along the decomposed axis (the first of size > 1),
+// K = 4 the four faces, K = 8 every offset, corners included. All receives,
+// then all sends, then one MPI_Waitall (or, chained_halo, one MPI_Sendrecv
+// per message, in order); the received strips are sent next time (the
+// buffers swap), as the results of halo.py's loops are fed back.
+bool Halo(const std::string& op, int n, int* fewer, std::function<void()>* call) {
+  int dims[2], k;
+  char end;
+  if (std::sscanf(op.c_str(), "halo_%dx%d_%d%c", &dims[0], &dims[1], &k, &end) != 3) return false;
+  // The previous halo case's communicator and buffers; one case at a time.
+  static MPI_Comm cart = MPI_COMM_NULL;
+  static std::vector<std::vector<float>> sent, received;
+  static std::vector<int> sources, dests;
+  static std::vector<MPI_Request> requests;
+  if (cart != MPI_COMM_NULL) MPI_Comm_free(&cart);
+  const int periods[2] = {1, 1};
+  MPI_Cart_create(MPI_COMM_WORLD, 2, dims, periods, 0, &cart);
+  int rank, coords[2];
+  MPI_Comm_rank(cart, &rank);
+  MPI_Cart_coords(cart, rank, 2, coords);
+  const int decomposed = dims[0] > 1 ? 0 : 1;
+  const auto neighbour = [&](int d0, int d1) {
+    const int at[2] = {((coords[0] + d0) % dims[0] + dims[0]) % dims[0],
+                       ((coords[1] + d1) % dims[1] + dims[1]) % dims[1]};
+    int r;
+    MPI_Cart_rank(cart, at, &r);
+    return r;
+  };
+  sources.clear();
+  dests.clear();
+  for (int d0 = -1; d0 <= 1; ++d0) {
+    for (int d1 = -1; d1 <= 1; ++d1) {
+      const bool face = (d0 == 0) != (d1 == 0);
+      const bool along = (decomposed == 0 ? d0 : d1) != 0;
+      if ((d0 == 0 && d1 == 0) || (k < 8 && !face) || (k == 2 && !along)) continue;
+      dests.push_back(neighbour(d0, d1));
+      sources.push_back(neighbour(-d0, -d1));
+    }
+  }
+  if (static_cast<int>(dests.size()) != k) {
+    if (rank == 0) std::fprintf(stderr, "raw_mpi: %s: K must be 2, 4 or 8\n", op.c_str());
+    return false;
+  }
+  sent.assign(static_cast<size_t>(k), std::vector<float>(static_cast<size_t>(n), 1.0f));
+  received.assign(static_cast<size_t>(k), std::vector<float>(static_cast<size_t>(n), 0.0f));
+  requests.assign(static_cast<size_t>(2 * k), MPI_REQUEST_NULL);
+  *fewer = k;
+  *call = [k, n] {
+    if (chained_halo) {
+      for (int i = 0; i < k; ++i) {
+        MPI_Sendrecv(sent[i].data(), n, MPI_FLOAT, dests[i], i, received[i].data(), n, MPI_FLOAT,
+                     sources[i], i, cart, MPI_STATUS_IGNORE);
+      }
+      sent.swap(received);
+      return;
+    }
+    for (int i = 0; i < k; ++i) {
+      MPI_Irecv(received[i].data(), n, MPI_FLOAT, sources[i], i, cart, &requests[i]);
+    }
+    for (int i = 0; i < k; ++i) {
+      MPI_Isend(sent[i].data(), n, MPI_FLOAT, dests[i], i, cart, &requests[k + i]);
+    }
+    MPI_Waitall(2 * k, requests.data(), MPI_STATUSES_IGNORE);
+    sent.swap(received);
+  };
+  return true;
+}
+
 // Times `op` on messages of `bytes` and prints its line on rank 0.
 void TimeCase(const std::string& op, long bytes, int reps) {
   int rank, size;
@@ -115,6 +195,7 @@ void TimeCase(const std::string& op, long bytes, int reps) {
   };
   std::function<void()> call;  // one operation, or two for sendrecv and pingpong
   double per_call = 1;
+  int fewer = 1;  // calls that move several messages each: fewer of them
   if (op == "allreduce") {
     call = [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
   } else if (op == "bcast") {
@@ -153,11 +234,11 @@ void TimeCase(const std::string& op, long bytes, int reps) {
         MPI_Send(x.data(), n, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
       }
     };
-  } else if (!Varied(op, n, rank, size, x, y, feed_back, &call)) {
+  } else if (!Varied(op, n, rank, size, x, y, feed_back, &call) && !Halo(op, n, &fewer, &call)) {
     if (rank == 0) std::fprintf(stderr, "raw_mpi: unknown operation %s\n", op.c_str());
     return;
   }
-  const int iters = Iterations(bytes);
+  const int iters = std::max(Iterations(bytes) / fewer, 10);
   std::vector<double> times;
   for (int r = 0; r <= reps; ++r) {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -168,8 +249,9 @@ void TimeCase(const std::string& op, long bytes, int reps) {
     if (r > 0) times.push_back(slowest * 1e6);  // repetition 0 warms up
   }
   if (rank == 0) {
-    std::printf("{\"impl\": \"raw MPI (C++)\", \"op\": \"%s\", \"bytes\": %ld, \"times\": [",
-                op.c_str(), bytes);
+    const bool chained = chained_halo && op.rfind("halo_", 0) == 0;
+    std::printf("{\"impl\": \"raw MPI (C++)%s\", \"op\": \"%s\", \"bytes\": %ld, \"times\": [",
+                chained ? ", chained MPI_Sendrecv" : "", op.c_str(), bytes);
     for (size_t i = 0; i < times.size(); ++i) std::printf("%s%.4f", i ? ", " : "", times[i]);
     std::printf("]}\n");
     std::fflush(stdout);
@@ -205,6 +287,7 @@ int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const int reps = std::atoi(argv[1]);
+  chained_halo = argc > 3 && std::string(argv[3]) == "chained";
   if (argc > 2 && std::string(argv[2]) == "serve") {
     for (std::string line = NextCase(); !line.empty(); line = NextCase()) {
       char op[64];
