@@ -441,6 +441,33 @@ MPIJAX_OP(Sendrecv, "sendrecv",
 
 using Ints = ffi::Span<const int64_t>;
 
+// Narrows `info` to the message at fault: `failed` indexes the receives, then
+// the sends (mpi::NeighborExchange, mpi::Finish); -1 blames none.
+void Blame(CallInfo& info, const std::vector<mpi::Transfer>& recvs,
+           const std::vector<mpi::Transfer>& sends, int failed) {
+  info.source = info.recv_tag = info.dest = info.send_tag = kUnset;
+  if (failed < 0) return;
+  const size_t i = static_cast<size_t>(failed);
+  const mpi::Transfer& t = i < recvs.size() ? recvs[i] : sends[i - recvs.size()];
+  (i < recvs.size() ? info.source : info.dest) = t.peer;
+  (i < recvs.size() ? info.recv_tag : info.send_tag) = t.tag;
+}
+
+// The binding of a call that takes any number of messages: sends (and more)
+// in, results (and more) out, each list ending with the token; the messages'
+// peers and tags.
+template <class P>
+auto Exchanging() {
+  return P::Bind()
+      .RemainingArgs()
+      .RemainingRets()
+      .template Attr<int64_t>("comm")
+      .template Attr<Ints>("sources")
+      .template Attr<Ints>("recvtags")
+      .template Attr<Ints>("dests")
+      .template Attr<Ints>("sendtags");
+}
+
 // Result i comes from sources[i] under recvtags[i] (zeros from
 // MPI_PROC_NULL), and send i goes to dests[i] under sendtags[i]; all posted
 // at once. A derivative message that a receive from anyone set aside is taken
@@ -499,27 +526,12 @@ ffi::Error NeighborExchange(typename Memory::Context ctx, ffi::RemainingArgs arg
     }
     int failed = -1;
     const int code = mpi::NeighborExchange(recvs, sends, c.handle, &failed);
-    info.source = info.recv_tag = info.dest = info.send_tag = kUnset;
-    if (failed >= 0 && static_cast<size_t>(failed) < n_recv) {
-      info.source = static_cast<int>(sources[failed]);
-      info.recv_tag = static_cast<int>(recvtags[failed]);
-    } else if (failed >= 0) {
-      info.dest = static_cast<int>(dests[failed - static_cast<int>(n_recv)]);
-      info.send_tag = static_cast<int>(sendtags[failed - static_cast<int>(n_recv)]);
-    }
+    Blame(info, recvs, sends, failed);
     return code;
   });
 }
 
-MPIJAX_OP(NeighborExchange, "neighbor_exchange",
-          P::Bind()
-              .RemainingArgs()
-              .RemainingRets()
-              .template Attr<int64_t>("comm")
-              .template Attr<Ints>("sources")
-              .template Attr<Ints>("recvtags")
-              .template Attr<Ints>("dests")
-              .template Attr<Ints>("sendtags"));
+MPIJAX_OP(NeighborExchange, "neighbor_exchange", Exchanging<P>());
 
 // Starts the messages of a neighbor_exchange (isend and irecv are its cases
 // of one message) and returns at once with the id of their Pending (an int32
@@ -564,16 +576,7 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
   });
 }
 
-MPIJAX_OP(Start, "start",
-          P::Bind()
-              .RemainingArgs()
-              .RemainingRets()
-              .template Attr<int64_t>("comm")
-              .template Attr<Ints>("sources")
-              .template Attr<Ints>("recvtags")
-              .template Attr<Ints>("dests")
-              .template Attr<Ints>("sendtags")
-              .template Attr<Ints>("recv_bytes"));
+MPIJAX_OP(Start, "start", Exchanging<P>().template Attr<Ints>("recv_bytes"));
 
 // Completes the Pending of each of the first `requests` operands (ids), in
 // order, and returns what their receives received, in order (then the
@@ -608,12 +611,7 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
       int failed = -1;
       const int rc = mpi::Finish(p->recvs, &p->requests, &failed);
       if (rc) {
-        const bool receive = failed >= 0 && static_cast<size_t>(failed) < p->recvs.size();
-        const mpi::Transfer* t = failed < 0 ? nullptr
-                                 : receive  ? &p->recvs[failed]
-                                            : &p->sends[failed - p->recvs.size()];
-        if (t) (receive ? info.source : info.dest) = t->peer;
-        if (t) (receive ? info.recv_tag : info.send_tag) = t->tag;
+        Blame(info, p->recvs, p->sends, failed);
         return rc;
       }
       for (const mpi::Transfer& r : p->recvs) {

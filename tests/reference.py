@@ -83,3 +83,16 @@ def assert_equal(actual, expected):
 def big_vector(rank, dtype=np.float32):
     n = BIG // np.dtype(dtype).itemsize
     return jnp.arange(n, dtype=dtype) + rank
+
+
+def count_calls(capfd, run):
+    """How many MPI calls `run()` makes on this rank (MPIJAX_DEBUG's lines)."""
+    from mpijax._src.runtime import core
+
+    core.set_logging(True)
+    try:
+        capfd.readouterr()
+        jax.block_until_ready(run())
+        return capfd.readouterr().err.count("mpijax r")
+    finally:
+        core.set_logging(False)

@@ -22,9 +22,8 @@ from jax import lax
 from mpi4py import MPI
 
 import mpijax
-from mpijax._src.runtime import core
 
-from reference import MODES, RANK, SIZE
+from reference import MODES, RANK, SIZE, count_calls
 
 # A derivative that waits for a message that never comes fails, not hangs.
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -483,21 +482,11 @@ def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capf
     batch = [inputs(case, f"batch{b}") for b in range(4)]
     stacked = jnp.asarray(np.stack([b[RANK] for b in batch], axis=in_axis))
     f = functools.partial(call_with, case.call, comm)
-    calls = _count_calls(capfd, lambda: f(jnp.asarray(batch[0][RANK])))
+    calls = count_calls(capfd, lambda: f(jnp.asarray(batch[0][RANK])))
     vmapped = jax.jit(jax.vmap(f, in_axes=in_axis, out_axes=out_axis))
-    assert _count_calls(capfd, lambda: vmapped(stacked)) == calls  # one call per vmapped call
+    assert count_calls(capfd, lambda: vmapped(stacked)) == calls  # one call per vmapped call
     want = np.stack([case.reference(b)[RANK] for b in batch], axis=out_axis)
     assert_close(vmapped(stacked), want, rtol=1e-12)
-
-
-def _count_calls(capfd, run):
-    core.set_logging(True)
-    try:
-        capfd.readouterr()
-        jax.block_until_ready(run())
-        return capfd.readouterr().err.count("mpijax r")
-    finally:
-        core.set_logging(False)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in ("allreduce-SUM", "sendrecv", "alltoall")], ids=repr)

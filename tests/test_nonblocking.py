@@ -14,9 +14,8 @@ from jax import lax
 from mpi4py import MPI
 
 import mpijax
-from mpijax._src.runtime import core
 
-from reference import BIG, MODES, RANK, SIZE, assert_equal, checkerboard, data
+from reference import BIG, MODES, RANK, SIZE, assert_equal, checkerboard, count_calls, data
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -100,16 +99,6 @@ def test_inside_cond(comm, branch):
     assert_equal(y, np.arange(4.0) + (NEXT if branch else PREV))
 
 
-def _count_calls(capfd, run):
-    core.set_logging(True)
-    try:
-        capfd.readouterr()
-        jax.block_until_ready(run())
-        return capfd.readouterr().err.count("mpijax r")
-    finally:
-        core.set_logging(False)
-
-
 def test_vmap_is_one_start_and_one_wait(comm, capfd):
     batch = jnp.stack([jnp.arange(3.0) + 10 * RANK + b for b in range(4)])
 
@@ -118,7 +107,7 @@ def test_vmap_is_one_start_and_one_wait(comm, capfd):
         return mpijax.wait(request)
 
     vmapped = jax.jit(jax.vmap(f))
-    assert _count_calls(capfd, lambda: vmapped(batch)) == 2
+    assert count_calls(capfd, lambda: vmapped(batch)) == 2
     a, b = vmapped(batch)
     theirs = lambda r: np.stack([np.arange(3.0) + 10 * r + k for k in range(4)])  # noqa: E731
     assert_equal(a, theirs(PREV))
