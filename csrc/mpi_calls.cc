@@ -570,6 +570,20 @@ struct Shared {
   int n() const { return all.counts[static_cast<size_t>(rank)]; }
 };
 
+// Gatherv (gather) and Scatterv past the int limits, as one Exchange: the
+// root's side is every rank's block at its offset, each other rank's side is
+// its own block, to or from the root.
+int RootedExchange(const void* in, void* out, const Counts& counts, const Shared& v, int root,
+                   bool gather, MPI_Datatype type, MPI_Comm comm) {
+  const Counts none(counts.size());
+  const Counts own = OnlyTo(root, v.mine, v.size);
+  const bool root_here = v.rank == root;
+  const Counts& blocks = root_here ? counts : none;
+  const Counts offsets = root_here ? Offsets(counts) : none;
+  return gather ? Exchange(in, own, none, out, blocks, offsets, type, comm)
+                : Exchange(in, blocks, offsets, out, own, none, type, comm);
+}
+
 }  // namespace
 
 int Allgatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, MPI_Comm comm) {
@@ -594,12 +608,7 @@ int Gatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, 
             MPI_Comm comm) {
   const Shared v(counts, type, comm);
   if (v.error) return v.error;
-  if (!v.all.fits) {
-    const Counts none(counts.size());
-    const bool root_here = v.rank == root;
-    return Exchange(in, OnlyTo(root, v.mine, v.size), none, out, root_here ? counts : none,
-                    root_here ? Offsets(counts) : none, type, comm);
-  }
+  if (!v.all.fits) return RootedExchange(in, out, counts, v, root, true, type, comm);
   return Complete(
       [&] {
         return MPI_Gatherv(in, v.n(), type, out, v.all.counts.data(), v.all.displacements.data(),
@@ -615,12 +624,7 @@ int Scatterv(const void* in, void* out, const Counts& counts, MPI_Datatype type,
              MPI_Comm comm) {
   const Shared v(counts, type, comm);
   if (v.error) return v.error;
-  if (!v.all.fits) {
-    const Counts none(counts.size());
-    const bool root_here = v.rank == root;
-    return Exchange(in, root_here ? counts : none, root_here ? Offsets(counts) : none, out,
-                    OnlyTo(root, v.mine, v.size), none, type, comm);
-  }
+  if (!v.all.fits) return RootedExchange(in, out, counts, v, root, false, type, comm);
   return Complete(
       [&] {
         return MPI_Scatterv(in, v.all.counts.data(), v.all.displacements.data(), type, out, v.n(),
