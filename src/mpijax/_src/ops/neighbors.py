@@ -96,8 +96,7 @@ def neighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=None
     """
     comm = _comm.resolve(comm, "neighbor_exchange")
     sends, sources, dests, tags, specs = exchange_lists(sends, sources, dests, recvs, tags, comm, "neighbor_exchange")
-    n = len(sends)
-    if n == 0:
+    if not sends:
         return []
     return exchange_p.bind(
         *sends,
