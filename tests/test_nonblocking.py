@@ -150,8 +150,11 @@ def test_errors(comm):
         mpijax.wait([jnp.zeros(2)])
     with pytest.raises(TypeError, match="after= needs requests"):
         mpijax.wait(after=jnp.zeros(2))
+    exchanged = lambda x: mpijax.wait(mpijax.ineighbor_exchange([x], [RANK], [RANK], comm=comm))[0]  # noqa: E731
     with pytest.raises(NotImplementedError, match="not differentiable yet: use mpijax.neighbor_exchange"):
-        jax.grad(lambda x: mpijax.wait(mpijax.ineighbor_exchange([x], [RANK], [RANK], comm=comm))[0].sum())(jnp.ones(2))
+        jax.grad(lambda x: exchanged(x).sum())(jnp.ones(2))
+    with pytest.raises(NotImplementedError, match="not differentiable yet"):
+        jax.jvp(exchanged, (jnp.ones(2),), (jnp.ones(2),))
     request = mpijax.ineighbor_exchange([jnp.ones(2)], [RANK], [RANK], comm=comm)
     assert_equal(mpijax.wait(request)[0], np.ones(2))
     # Found while JAX dispatches the eager call, the error comes as JAX raises those: a ValueError.
