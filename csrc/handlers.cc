@@ -10,8 +10,10 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -534,8 +536,8 @@ ffi::Error NeighborExchange(typename Memory::Context ctx, ffi::RemainingArgs arg
 MPIJAX_OP(NeighborExchange, "neighbor_exchange", Exchanging<P>());
 
 // Starts the messages of a neighbor_exchange (isend and irecv are its cases
-// of one message) and returns at once with the id of their Pending (an int32
-// scalar). The operands are the sends, then an empty array per receive
+// of one message) and returns at once with the id of their Pending (a float32
+// scalar, pending.h). The operands are the sends, then an empty array per receive
 // (which only gives vmap something to batch), then the token.
 template <class Memory>
 ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
@@ -570,7 +572,7 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
     }
     int failed = -1;
     if (int rc = mpi::Post(p.recvs, p.sends, c.handle, &p.requests, &failed)) return rc;
-    const int32_t kept = Keep(std::move(p));
+    const auto kept = static_cast<float>(Keep(std::move(p)));
     m.Copy(m.Out(*id), &kept, sizeof kept);
     return MPI_SUCCESS;
   });
@@ -579,13 +581,13 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
 MPIJAX_OP(Start, "start", Exchanging<P>().template Attr<Ints>("recv_bytes"));
 
 // Completes the Pending of each of the first `requests` operands (ids), in
-// order, and returns what their receives received, in order (then the
-// token). The operands after the ids (then the token) are not read: they only
-// make XLA compute them before the wait. A message from MPI_PROC_NULL gives
-// zeros.
+// order, and returns what their receives received, in order: counts[k] results
+// for request k, zeros for a message from MPI_PROC_NULL and for request 0
+// (none). The operands after the ids (then the token) are not read: they only
+// make XLA compute them before the wait.
 template <class Memory>
 ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                int64_t comm, int64_t requests) {
+                int64_t comm, int64_t requests, Ints counts) {
   CallInfo info;
   info.op = "wait";
   info.checked = false;
@@ -595,36 +597,50 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
   }
   std::vector<ffi::Result<ffi::AnyBuffer>> outs;
   for (size_t i = 0; i + 1 < rets.size(); ++i) outs.push_back(*rets.get<ffi::AnyBuffer>(i));
+  int64_t results = 0;
+  for (int64_t count : counts) results += count;
+  if (ids.size() != counts.size() || static_cast<int64_t>(outs.size()) != results) {
+    return ffi::Error::InvalidArgument("mpijax.wait: the counts do not match the operands");
+  }
   std::string missing;
   const ffi::Error error = Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm&, Memory& m) {
-    std::vector<void*> views;
-    for (auto& y : outs) views.push_back(m.Out(*y));
     size_t next = 0;
-    for (const ffi::AnyBuffer& buffer : ids) {
-      int32_t id = 0;
-      m.Copy(&id, m.In(buffer), sizeof id);
-      std::optional<Pending> p = Take(id);
-      if (!p) {
-        missing = "request " + std::to_string(id) + " is not pending (waited for already?)";
-        return MPI_SUCCESS;
-      }
-      int failed = -1;
-      const int rc = mpi::Finish(p->recvs, &p->requests, &failed);
-      if (rc) {
-        Blame(info, p->recvs, p->sends, failed);
-        return rc;
-      }
-      for (const mpi::Transfer& r : p->recvs) {
-        if (next == outs.size() || outs[next]->size_bytes() != static_cast<size_t>(r.count)) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      float id = 0;
+      m.Copy(&id, m.In(ids[k]), sizeof id);
+      std::optional<Pending> p;
+      if (id != 0) {
+        const bool valid = id > 0 && id < static_cast<float>(kIdLimit) && id == std::floor(id);
+        if (valid) p = Take(static_cast<int32_t>(id));
+        if (!p) {
+          std::ostringstream name;
+          name << id;
+          missing = "request " + name.str() + " is not pending (waited for already?)";
+          return MPI_SUCCESS;
+        }
+        int failed = -1;
+        if (const int rc = mpi::Finish(p->recvs, &p->requests, &failed)) {
+          Blame(info, p->recvs, p->sends, failed);
+          return rc;
+        }
+        if (static_cast<int64_t>(p->recvs.size()) != counts[k]) {
           missing = "the results do not match the pending receives";
           return MPI_SUCCESS;
         }
-        if (r.peer == MPI_PROC_NULL) {
-          m.Zero(views[next], static_cast<size_t>(r.count));
-        } else {
-          m.Copy(views[next], r.data, static_cast<size_t>(r.count));
+      }
+      for (int64_t i = 0; i < counts[k]; ++i, ++next) {
+        void* out = m.Out(*outs[next]);
+        const size_t bytes = outs[next]->size_bytes();
+        const mpi::Transfer* r = p ? &p->recvs[static_cast<size_t>(i)] : nullptr;
+        if (r && static_cast<size_t>(r->count) != bytes) {
+          missing = "the results do not match the pending receives";
+          return MPI_SUCCESS;
         }
-        ++next;
+        if (r && r->peer != MPI_PROC_NULL) {
+          m.Copy(out, r->data, bytes);
+        } else {
+          m.Zero(out, bytes);
+        }
       }
     }
     return MPI_SUCCESS;
@@ -635,10 +651,13 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
   return error;
 }
 
-MPIJAX_OP(
-    Wait, "wait",
-    P::Bind().RemainingArgs().RemainingRets().template Attr<int64_t>("comm").template Attr<int64_t>(
-        "requests"));
+MPIJAX_OP(Wait, "wait",
+          P::Bind()
+              .RemainingArgs()
+              .RemainingRets()
+              .template Attr<int64_t>("comm")
+              .template Attr<int64_t>("requests")
+              .template Attr<Ints>("counts"));
 
 #undef MPIJAX_OP
 

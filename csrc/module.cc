@@ -22,6 +22,7 @@
 #include "handlers.h"
 #include "log.h"
 #include "mpi_calls.h"
+#include "pending.h"
 #include "reductions.h"
 #include "registry.h"
 #include "tags.h"
@@ -172,6 +173,7 @@ NB_MODULE(_core, m) {
     return d;
   });
   m.def("reset_stats", &ResetStats);
+  m.def("pending_requests", &PendingCount);
   m.def("set_count_limit", &mpi::SetCountLimit);
   m.def("count_limit", &mpi::CountLimit);
 }

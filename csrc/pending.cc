@@ -16,7 +16,7 @@ int32_t last = 0;
 int32_t Keep(Pending pending) {
   std::lock_guard<std::mutex> lock(mutex);
   do {
-    last = last == INT32_MAX ? 1 : last + 1;
+    last = last + 1 == kIdLimit ? 1 : last + 1;
   } while (kept.count(last));
   kept.emplace(last, std::move(pending));
   return last;
@@ -29,6 +29,11 @@ std::optional<Pending> Take(int32_t id) {
   Pending pending = std::move(it->second);
   kept.erase(it);
   return pending;
+}
+
+size_t PendingCount() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return kept.size();
 }
 
 }  // namespace mpijax

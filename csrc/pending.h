@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -23,10 +24,18 @@ struct Pending {
   std::vector<std::vector<char>> buffers;
 };
 
+// The program carries ids as float32 scalars (so that a request's id can
+// carry its derivatives: the id of the request that moves them), so ids stay
+// below 2^24, where every integer is a float32; 0 is no request (a wait on it
+// completes nothing and gives zeros).
+constexpr int32_t kIdLimit = 1 << 24;
+
 // Keeps `pending` and returns its id (never 0).
 int32_t Keep(Pending pending);
 // The pending messages of `id`, which are no longer kept; none if there are
 // none under that id (never started, or already waited for).
 std::optional<Pending> Take(int32_t id);
+// How many are kept: started and not yet waited for.
+size_t PendingCount();
 
 }  // namespace mpijax

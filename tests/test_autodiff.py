@@ -109,6 +109,22 @@ def chain_exchange(x, comm):
     return jnp.concatenate([a, b, s])
 
 
+def chain_started(x, comm):
+    """chain_exchange started, with work tied inside its window: three times
+    x, added to the message to oneself."""
+    request = mpijax.ineighbor_exchange([x, 2 * x[:2], x[::-1]], [LEFT, RIGHT, RANK], [RIGHT, LEFT, RANK], comm=comm)
+    work = 3 * mpijax.started(request, x)
+    a, b, s = mpijax.wait(request, after=work)
+    return jnp.concatenate([a, b, s + work])
+
+
+def ring_started(x, comm):
+    """The irecv into a constant buffer, started before the isend."""
+    received = mpijax.irecv(jnp.zeros(N), PREV, comm=comm)
+    sent = mpijax.isend(x, NEXT, comm=comm)
+    return mpijax.wait([received, sent])[0]
+
+
 def chain_reference(xs):
     def result(r):
         a = xs[r - 1] if r > 0 else np.zeros(N)
@@ -320,6 +336,14 @@ def _cases():
             lambda x, c: jnp.concatenate(mpijax.neighbor_exchange([x, 3 * x], [PREV, NEXT], [NEXT, PREV], comm=c)),
             lambda xs: [np.concatenate([xs[(r - 1) % SIZE], 3 * xs[(r + 1) % SIZE]]) for r in range(SIZE)],
         ),
+        Case(
+            "ineighbor_exchange-chain",
+            chain_started,
+            lambda xs: [
+                y + np.concatenate([np.zeros(N + 2), 3 * x]) for y, x in zip(chain_reference(xs), xs, strict=True)
+            ],
+        ),
+        Case("isend-irecv-ring", ring_started, lambda xs: [xs[(r - 1) % SIZE] for r in range(SIZE)]),
         Case(
             "scatter-constant-buffer",
             lambda x, c: mpijax.scatter(x if RANK == 0 else jnp.zeros(N), 0, comm=c),
@@ -553,6 +577,27 @@ def test_second_derivative_of_a_product(comm):
     grad = jax.grad(lambda x: jnp.sum(jnp.sin(mpijax.allreduce(x, MPI.PROD, comm=comm))))
     _, hvp = jax.jit(lambda x, v: jax.jvp(grad, (x,), (v,)))(xs[RANK], vs[RANK])
     assert_close(hvp, (numpy_grad(xs + H * vs) - numpy_grad(xs - H * vs)) / (2 * H), rtol=1e-6)
+
+
+SECOND = ("recv-constant-buffer", "scatter-constant-buffer", "ineighbor_exchange-chain", "isend-irecv-ring")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in SECOND], ids=repr)
+def test_second_derivatives_of_receives_into_constants(comm, case):
+    """jvp of grad against central differences of the gradient (which the
+    tests above check against NumPy), where a receive's buffer is a
+    constant: the derivative messages of the receive must be made like the
+    sender's. One left unmatched would also spoil the next gradient."""
+
+    def loss(x):
+        return jnp.sum(jnp.sin(case.call(x, comm))) * jnp.sum(x)
+
+    x, v = inputs(case)[RANK], inputs(case, "v")[RANK]
+    grad = jax.jit(jax.grad(loss))
+    before = grad(x)
+    _, hvp = jax.jit(lambda x, v: jax.jvp(jax.grad(loss), (x,), (v,)))(x, v)
+    assert_close(hvp, (grad(x + H * v) - grad(x - H * v)) / (2 * H), rtol=1e-5, atol=1e-7)
+    assert_close(grad(x), before, rtol=1e-12)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.wildcard], ids=repr)

@@ -78,6 +78,26 @@ def test_exit_right_after_dispatching_send_and_recv(tmp_path):
     assert sorted(re.findall(r"rank (\d) leaves", result.stdout)) == ["0", "1"], result.stdout
 
 
+def test_requests_never_waited_for_are_reported_at_exit(tmp_path):
+    """Eager code that drops a request (trace-time checks cannot see it):
+    each rank says so when Python exits, and the job still ends."""
+    result = mpirun(
+        tmp_path,
+        """
+        import jax.numpy as jnp
+        from mpi4py import MPI
+        import mpijax
+        rank = MPI.COMM_WORLD.Get_rank()
+        mpijax.irecv(jnp.zeros(2), 1 - rank, tag=4)  # never sent, never waited for
+        mpijax.wait(mpijax.isend(jnp.ones(2), 1 - rank))  # waited for: not reported
+        mpijax.irecv(jnp.zeros(2), 1 - rank)  # the message above, never waited for
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    reports = re.findall(r"mpijax: (\d+) request\(s\) started by .* never waited for", result.stderr)
+    assert reports == ["2", "2"], result.stderr
+
+
 @pytest.mark.parametrize(
     "env",
     [{"JAX_CPU_ENABLE_ASYNC_DISPATCH": "0"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}],

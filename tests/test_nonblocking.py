@@ -114,31 +114,100 @@ def test_vmap_is_one_start_and_one_wait(comm, capfd):
     assert_equal(b, theirs(NEXT)[:, :1])
 
 
+def _stencil_step(comm, u):
+    request = mpijax.ineighbor_exchange([u[0], u[-1]], [PREV, NEXT], [NEXT, PREV], comm=comm)
+    inner = mpijax.started(request, u)
+    interior = jnp.tanh(inner @ inner)
+    top, bottom = mpijax.wait(request, after=interior)
+    return interior, top, bottom
+
+
+def _scheduled(f, *args):
+    """The compiled (scheduled) program's entry, as lines."""
+    text = jax.jit(f).lower(*args).compile().as_text()
+    return text[text.index("ENTRY") :].splitlines()
+
+
+def _lines_of(lines, pattern):
+    return [i for i, line in enumerate(lines) if re.search(pattern, line)]
+
+
+START, WAIT = r'custom_call_target="mpijax_start"', r'custom_call_target="mpijax_wait"'
+
+
 def test_work_placed_between_start_and_wait_stays_there(comm):
     """In the compiled (scheduled) program, the work that `started` and
     wait's `after` bracket sits between the start and the wait."""
     u = jnp.ones((64, 64))
-
-    def f(u):
-        request = mpijax.ineighbor_exchange([u[0], u[-1]], [PREV, NEXT], [NEXT, PREV], comm=comm)
-        inner = mpijax.started(request, u)
-        interior = jnp.tanh(inner @ inner)
-        top, bottom = mpijax.wait(request, after=interior)
-        return interior, top, bottom
-
-    text = jax.jit(f).lower(u).compile().as_text()
-    entry = text[text.index("ENTRY") :]
-    lines = entry.splitlines()
-
-    def line_of(pattern):
-        return next(i for i, line in enumerate(lines) if re.search(pattern, line))
-
-    start, wait = line_of(r'custom_call_target="mpijax_start"'), line_of(r'custom_call_target="mpijax_wait"')
-    work = line_of(r"\b(dot|fusion|call)\b.*(dot|tanh)|tanh")
-    assert start < work < wait, entry
-    interior, top, bottom = jax.jit(f)(u)
+    lines = _scheduled(lambda u: _stencil_step(comm, u), u)
+    (start,), (wait,) = _lines_of(lines, START), _lines_of(lines, WAIT)
+    work = _lines_of(lines, r"\b(dot|fusion|call)\b.*(dot|tanh)|tanh")[0]
+    assert start < work < wait, "\n".join(lines)
+    interior, top, bottom = jax.jit(lambda u: _stencil_step(comm, u))(u)
     np.testing.assert_allclose(interior, np.tanh(np.full((64, 64), 64.0)))
     assert_equal(top, np.ones(64))
+
+
+def test_backward_work_stays_between_the_reversed_start_and_its_wait(comm):
+    """Under grad, the transpose of the wait starts the reversed messages
+    and the transpose of the start waits for them: the transposed work (the
+    two products of the matmul's transpose) is scheduled between the two."""
+
+    def loss(u):
+        interior, top, bottom = _stencil_step(comm, u)
+        return jnp.sum(interior) + jnp.sum(top * bottom)
+
+    u = jnp.ones((64, 64))
+    lines = _scheduled(jax.grad(loss), u)
+    starts, waits = _lines_of(lines, START), _lines_of(lines, WAIT)
+    transposed = [i for i in _lines_of(lines, r"transpose\(jvp\(\)\)/(transpose|dot_general)") if "dot" in lines[i]]
+    assert len(starts) == 2 and len(transposed) == 2, "\n".join(lines)
+    assert waits[0] < starts[1] < min(transposed) <= max(transposed) < waits[-1], "\n".join(lines)
+
+
+def _update(u, lo, hi):
+    """Rows lo..hi-1 of u after one step of periodic diffusion with a
+    nonlinear source (rows lo-1 and hi are read, columns wrap around)."""
+    c = u[lo:hi]
+    lap = u[lo - 1 : hi - 1] + u[lo + 1 : hi + 1] + jnp.roll(c, 1, 1) + jnp.roll(c, -1, 1) - 4 * c
+    return c + 0.1 * lap + 0.05 * jnp.sin(c)
+
+
+def _overlapped_run(comm, u, steps=3):
+    """docs/halo.md's pattern: 4 rows per rank between ghost rows; rows 2 and
+    3 are updated while the ghost rows move, rows 1 and 4 after."""
+
+    def step(_, u):
+        request = mpijax.ineighbor_exchange([u[1], u[-2]], [NEXT, PREV], [PREV, NEXT], comm=comm)
+        interior = _update(mpijax.started(request, u), 2, 4)
+        bottom, top = mpijax.wait(request, after=interior)
+        u = u.at[-1].set(bottom).at[0].set(top)
+        return jnp.concatenate([u[:1], _update(u, 1, 2), interior, _update(u, 4, 5), u[-1:]])
+
+    return jnp.sum(lax.fori_loop(0, steps, step, u)[1:-1] ** 2)
+
+
+def _global_run(glob, steps=3):
+    for _ in range(steps):
+        lap = sum(np.roll(glob, s, axis) for axis in (0, 1) for s in (1, -1)) - 4 * glob
+        glob = glob + 0.1 * lap + 0.05 * np.sin(glob)
+    return np.sum(glob**2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grad_through_a_loop_of_overlapped_steps(comm, mode):
+    """The gradient of the whole run (every rank's loss summed) against
+    central finite differences of the same run in NumPy on the whole grid,
+    along a random direction; and its value."""
+    rng = np.random.default_rng(5)
+    glob, direction = rng.normal(size=(2, 4 * SIZE, 5))
+    local = lambda g: jnp.asarray(np.pad(g, ((1, 1), (0, 0)), mode="wrap")[4 * RANK : 4 * RANK + 6])  # noqa: E731
+    loss, grad = MODES[mode](jax.value_and_grad(lambda u: _overlapped_run(comm, u)))(local(glob))
+    np.testing.assert_allclose(comm.allreduce(float(loss)), _global_run(glob), rtol=1e-12)
+    mine = float(np.sum(np.asarray(grad)[1:-1] * np.asarray(local(direction))[1:-1]))
+    h = 1e-6
+    fd = (_global_run(glob + h * direction) - _global_run(glob - h * direction)) / (2 * h)
+    np.testing.assert_allclose(comm.allreduce(mine), fd, rtol=1e-6)
 
 
 def test_errors(comm):
@@ -150,11 +219,6 @@ def test_errors(comm):
         mpijax.wait([jnp.zeros(2)])
     with pytest.raises(TypeError, match="after= needs requests"):
         mpijax.wait(after=jnp.zeros(2))
-    exchanged = lambda x: mpijax.wait(mpijax.ineighbor_exchange([x], [RANK], [RANK], comm=comm))[0]  # noqa: E731
-    with pytest.raises(NotImplementedError, match="not differentiable yet: use mpijax.neighbor_exchange"):
-        jax.grad(lambda x: exchanged(x).sum())(jnp.ones(2))
-    with pytest.raises(NotImplementedError, match="not differentiable yet"):
-        jax.jvp(exchanged, (jnp.ones(2),), (jnp.ones(2),))
     request = mpijax.ineighbor_exchange([jnp.ones(2)], [RANK], [RANK], comm=comm)
     assert_equal(mpijax.wait(request)[0], np.ones(2))
     # Found while JAX dispatches the eager call, the error comes as JAX raises those: a ValueError.

@@ -240,13 +240,15 @@ TEST_P(MpiCalls, PostedMessagesFinishLater) {
   int failed = 0;
   ASSERT_EQ(Post(p.recvs, p.sends, MPI_COMM_WORLD, &p.requests, &failed), MPI_SUCCESS);
   const int32_t id = Keep(std::move(p));
-  EXPECT_NE(id, 0);
+  EXPECT_GT(id, 0);
+  EXPECT_LT(id, kIdLimit);  // exact as the float32 the program carries
   const int32_t other = Keep(Pending{});
   EXPECT_NE(other, id);
   EXPECT_TRUE(Take(other));
   std::optional<Pending> taken = Take(id);
   ASSERT_TRUE(taken);
   EXPECT_FALSE(Take(id));  // taken once
+  EXPECT_EQ(PendingCount(), 0u);
   ASSERT_EQ(Finish(taken->recvs, &taken->requests, &failed), MPI_SUCCESS);
   std::vector<int> got(n);
   std::memcpy(got.data(), taken->buffers[1].data(), taken->buffers[1].size());

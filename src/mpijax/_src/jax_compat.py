@@ -244,7 +244,7 @@ def seal_at_top_level(effect):
     return seal
 
 
-def align_with_transformation(args, vmap=True):
+def align_with_transformation(args, vmap=True, trace=None):
     """Make a transformation apply to an MPI call on every rank alike.
 
     JAX applies a primitive's JVP rule only where some operand has a tangent,
@@ -254,8 +254,9 @@ def align_with_transformation(args, vmap=True):
     operand gets a tangent, zero where it had none (in reverse mode that zero
     must count as linear for the transposed call to run too: a frozen new ref
     does), and under vmap (unless `vmap` is False) every operand is batched.
+    `trace`: the transformation (default: the current one).
     """
-    trace = _core.trace_ctx.trace
+    trace = trace or _core.trace_ctx.trace
     if isinstance(trace, _ad.JVPTrace):
         return [_with_tangent(trace, x, _ad.JVPTracer, trace.parent_trace, _zeros) for x in args]
     if isinstance(trace, _ad.LinearizeTrace):

@@ -50,6 +50,7 @@ class MpiPrimitive(jax_compat.Primitive):
     makes the same calls whatever its own operands depend on."""
 
     routed = False  # whether the last operand is a route (point_to_point.py), which is never aligned
+    aligned = True  # whether operands are aligned with the transformations at all
 
     def __init__(self, name):
         super().__init__(name)
@@ -70,15 +71,23 @@ class MpiPrimitive(jax_compat.Primitive):
             compiled = self._eager[key] = jax.jit(lambda *args: jax_compat.Primitive.bind(self, *args, **params))
         return compiled
 
+    def bind_with_trace(self, trace, args, *rest):
+        # Partial evaluation binds a call whose operands are all known straight
+        # to its parent trace, past bind: align them with that trace too (for
+        # differentiation, which leaves their avals, in `rest`, as they are).
+        return super().bind_with_trace(trace, self._aligned(args, vmap=False, trace=trace), *rest)
+
     def bind_primal(self, *args, **params):
         """The primal call of a JVP rule. Under vmap it is batched only where
         its operands are: jacfwd computes the primal inside its vmap, from
         values that are unbatched on every rank, and needs it unbatched."""
         return super().bind(*self._aligned(args, vmap=False), **params)
 
-    def _aligned(self, args, vmap):
+    def _aligned(self, args, vmap, trace=None):
+        if not self.aligned:
+            return list(args)
         n = len(args) - self.routed
-        return [*jax_compat.align_with_transformation(args[:n], vmap), *args[n:]]
+        return [*jax_compat.align_with_transformation(args[:n], vmap, trace), *args[n:]]
 
 
 def _no_aliases(*avals, **params):
@@ -95,6 +104,7 @@ def mpi_primitive(
     batch=None,
     attributes=None,
     routed=False,
+    aligned=True,
     check_transposable=None,
 ):
     """A primitive for the FFI target ``mpijax_<name>``, with its rules.
@@ -112,11 +122,14 @@ def mpi_primitive(
     same name, or int64 arrays where they are tuples (default: all); the
     others only steer the Python rules.
     routed: the last operand is a route (point_to_point.py).
+    aligned: whether MpiPrimitive aligns the operands with the transformations
+    (False where the rules need to see which operands truly have tangents).
     check_transposable(**params): raises if linear_transpose cannot transpose
     the call (jax_compat.stage_mpi_calls).
     """
     prim = MpiPrimitive(f"mpijax_{name}")
     prim.routed = routed
+    prim.aligned = aligned
     prim.check_transposable = check_transposable or (lambda **params: None)
     prim.multiple_results = True
     prim.def_impl(partial(jax_compat.apply_primitive, prim))

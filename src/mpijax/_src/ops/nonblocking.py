@@ -3,28 +3,82 @@ and return a Request at once; wait completes requests. Computation placed
 between the start and the wait can run while the messages move, and
 `started` and wait's `after` keep XLA from scheduling it outside that window.
 
-A Request is a pytree whose one leaf is an int32 id, written by the start
-and read by the wait, under which the C++ core keeps the started messages
-and their buffers (csrc/pending.h): sends are copied when they start (XLA may
-reuse their buffers as soon as the start returns), receives land in buffers
-of the core's own and are copied out by the wait.
+A Request is a pytree whose one leaf is its id, a float32 scalar written by
+the start and read by the wait, under which the C++ core keeps the started
+messages and their buffers (csrc/pending.h): sends are copied when they
+start (XLA may reuse their buffers as soon as the start returns), receives
+land in buffers of the core's own and are copied out by the wait. Id 0 is no
+request.
+
+Derivatives: the tangent of a request's id is the id of a second request,
+started beside it, that moves the tangents of its floating-point messages
+under derivative tags; waiting for the request waits for that one too. In
+reverse, the transpose of a wait starts the reversed messages (each result's
+cotangent back to its source) and the transpose of the start waits for them,
+so the backward pass has the same window, and its ties (`started`, `after`)
+keep the transposed work inside it.
 """
 
+import atexit
 import functools
+import sys
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
 from .. import comm as _comm
 from .. import dtypes, jax_compat, validation
-from ..primitive import batch_operands, drain, mpi_primitive
-from .neighbors import _nbytes, exchange_lists
+from ..primitive import batch_operands, cotangent, drain, mpi_primitive
+from ..runtime import core
+from .neighbors import _inexact, _nbytes, _select, exchange_lists
 from .point_to_point import _dest
 
-ID = jax.core.ShapedArray((), np.int32)
+ID = jax.core.ShapedArray((), np.float32)
+
+
+class Route(NamedTuple):
+    """Where a request's messages go: receive j from sources[j] under
+    recvtags[j], shaped recvs[j]; send i to dests[i] under sendtags[i],
+    shaped sends[i] (each a (shape, dtype) pair)."""
+
+    sources: tuple = ()
+    recvtags: tuple = ()
+    dests: tuple = ()
+    sendtags: tuple = ()
+    sends: tuple = ()
+    recvs: tuple = ()
+
+    def reversed(self):
+        """The messages that carry cotangents back: to each source, from each
+        destination."""
+        return Route(self.dests, self.sendtags, self.sources, self.recvtags, self.recvs, self.sends)
+
+    def derivative(self):
+        """The route of the floating-point messages, under derivative tags
+        (kept alike on both ends, since a message's dtype is the same there),
+        and which sends and receives those are."""
+        send_keep = [i for i, (_, dtype) in enumerate(self.sends) if _inexact(dtype)]
+        recv_keep = [j for j, (_, dtype) in enumerate(self.recvs) if _inexact(dtype)]
+        picked = _select({**self._asdict(), "comm": None}, send_keep, recv_keep)
+        del picked["comm"]
+        return Route(**picked, sends=tuple(self.sends[i] for i in send_keep)), send_keep, recv_keep
+
+    def batched(self, size):
+        grow = lambda specs: tuple(((size, *shape), dtype) for shape, dtype in specs)  # noqa: E731
+        return self._replace(sends=grow(self.sends), recvs=grow(self.recvs))
+
+    def __bool__(self):
+        return bool(self.sources or self.dests)
+
+
+def _spec(x):
+    aval = x.aval if ad.is_undefined_primal(x) else jax.typeof(x)
+    return tuple(aval.shape), np.dtype(aval.dtype)
 
 
 @jax.tree_util.register_pytree_node_class
@@ -32,40 +86,46 @@ class Request:
     """Messages started by isend, irecv or ineighbor_exchange; mpijax.wait
     completes them and returns what they received."""
 
-    def __init__(self, id, comm, recvs, kind):
+    def __init__(self, id, comm, route, kind):
         self.id = id
         self.comm = comm  # the communicator's id
-        self.recvs = recvs  # (shape, dtype) of each receive
+        self.route = route
         self.kind = kind  # "isend", "irecv" or "ineighbor_exchange": what wait returns
 
     def tree_flatten(self):
-        return (self.id,), (self.comm, self.recvs, self.kind)
+        return (self.id,), (self.comm, self.route, self.kind)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(children[0], *aux)
 
     def __repr__(self):
-        return f"mpijax.Request({self.kind}, {len(self.recvs)} receive(s))"
+        return f"mpijax.Request({self.kind}, {len(self.route.recvs)} receive(s))"
 
 
-def _start(sends, specs, sources, recvtags, dests, sendtags, comm, kind):
-    # An empty array per receive: an operand that vmap batches, so that the
-    # receives grow with the batch (their shapes are `recvs`).
-    specs = tuple((tuple(shape), np.dtype(dtype)) for shape, dtype in specs)
-    placeholders = [jnp.zeros(0, dtype) for _, dtype in specs]
+def _bind_start(sends, placeholders, comm, route):
+    """The start of `route`'s messages; `placeholders` holds an empty array per
+    receive, an operand that vmap batches so that the receives grow with the
+    batch."""
     (id,) = start_p.bind(
         *sends,
         *placeholders,
-        comm=comm.id,
-        sources=tuple(sources),
-        recvtags=tuple(recvtags),
-        dests=tuple(dests),
-        sendtags=tuple(sendtags),
-        recvs=specs,
-        recv_bytes=tuple(_nbytes(s) for s in specs),
+        comm=comm,
+        sources=route.sources,
+        recvtags=route.recvtags,
+        dests=route.dests,
+        sendtags=route.sendtags,
+        recvs=route.recvs,
+        recv_bytes=tuple(_nbytes(s) for s in route.recvs),
     )
-    return Request(id, comm.id, specs, kind)
+    return id
+
+
+def _start(sends, specs, sources, recvtags, dests, sendtags, comm, kind):
+    specs = tuple((tuple(shape), np.dtype(dtype)) for shape, dtype in specs)
+    route = Route(tuple(sources), tuple(recvtags), tuple(dests), tuple(sendtags), tuple(map(_spec, sends)), specs)
+    id = _bind_start(sends, [jnp.zeros(0, dtype) for _, dtype in specs], comm.id, route)
+    return Request(id, comm.id, route, kind)
 
 
 def isend(x, dest, *, tag=0, comm=None):
@@ -117,8 +177,9 @@ def started(requests, x):
     cannot evaluate, which costs one elementwise pass over it where XLA does
     not fuse that into the work that reads it."""
     _, requests = _requests(requests, "started")
-    posted = functools.reduce(jnp.logical_and, [r.id != 0 for r in requests])
-    return jax.tree.map(lambda a: jnp.where(posted, a, jnp.zeros_like(a)), x)
+    leaves, tree = jax.tree.flatten(x)
+    tied = tie_p.bind(*[r.id for r in requests], *leaves, requests=len(requests), comm=requests[0].comm)
+    return jax.tree.unflatten(tree, tied)
 
 
 def wait(requests=None, *, after=None):
@@ -138,28 +199,95 @@ def wait(requests=None, *, after=None):
     single, requests = _requests(requests, "wait")
     if not requests:
         return []
-    ids = [r.id for r in requests]
+    routes = tuple(r.route for r in requests)
     # `after` is passed to the wait as operands that it does not read, so XLA
     # computes it first.
-    outs = wait_p.bind(
-        *ids,
-        *jax.tree.leaves(after),
-        comm=requests[0].comm,
-        requests=len(ids),
-        recvs=tuple(s for r in requests for s in r.recvs),
-    )
+    outs = _bind_wait([r.id for r in requests], jax.tree.leaves(after), requests[0].comm, routes)
     results = []
     for r in requests:
-        mine, outs = outs[: len(r.recvs)], outs[len(r.recvs) :]
+        mine, outs = outs[: len(r.route.recvs)], outs[len(r.route.recvs) :]
         results.append({"isend": None, "irecv": mine[0] if mine else None}.get(r.kind, list(mine)))
     return results[0] if single else results
 
 
-def _not_differentiable(prim, primals, tangents, **params):
-    raise NotImplementedError(
-        "mpijax.isend, irecv, ineighbor_exchange and wait are not differentiable yet: use "
-        "mpijax.neighbor_exchange (or send/recv/sendrecv), whose derivatives are defined"
+def _bind_wait(ids, after, comm, routes):
+    return wait_p.bind(
+        *ids, *after, comm=comm, requests=len(ids), routes=tuple(routes), counts=tuple(len(r.recvs) for r in routes)
     )
+
+
+def _route(params, operands):
+    n = len(params["dests"])
+    keys = ("sources", "recvtags", "dests", "sendtags", "recvs")
+    return Route(**{k: params[k] for k in keys}, sends=tuple(_spec(x) for x in operands[:n]))
+
+
+def _start_jvp(prim, primals, tangents, **params):
+    """The tangents of the floating-point messages start beside them, and
+    that request's id is the tangent of this one's."""
+    (id,) = prim.bind_primal(*primals, **params)
+    n = len(params["dests"])
+    route, send_keep, recv_keep = _route(params, primals).derivative()
+    if not route:
+        return [id], [ad.Zero(ID)]
+    # The placeholders' tangents, not new constants: under linearize these are
+    # unknown, so that the start of the tangents is staged with them.
+    moved = [ad.instantiate_zeros(tangents[i]) for i in send_keep]
+    places = [ad.instantiate_zeros(tangents[n + j]) for j in recv_keep]
+    return [id], [_bind_start(moved, places, params["comm"], route)]
+
+
+def _start_transpose(cts, *operands, **params):
+    """Wait for the reversed messages that the wait's transpose started
+    (under the id that is this id's cotangent): each send's cotangent, from
+    its destination."""
+    route, send_keep, _ = _route(params, operands).derivative()
+    results = [None] * len(operands)
+    if route:
+        back = _bind_wait([cotangent(cts)], [], params["comm"], [route.reversed()])
+        for i, ct in zip(send_keep, back, strict=True):
+            results[i] = ct
+    return results
+
+
+def _wait_jvp(prim, primals, tangents, *, comm, requests, routes, counts):
+    """Wait for the requests that move the tangents too (those whose id has
+    a tangent: started under this differentiation), after `after`'s
+    tangents."""
+    outs = prim.bind(*primals, comm=comm, requests=requests, routes=routes, counts=counts)
+    out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
+    ids, moving, places = [], [], []
+    for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
+        route, _, recv_keep = routes[k].derivative()
+        if type(tangents[k]) is not ad.Zero and route:
+            ids.append(tangents[k])
+            moving.append(route)
+            places += [int(offset) + j for j in recv_keep]
+    if ids:
+        after = [t for t in tangents[requests:] if type(t) is not ad.Zero and _inexact(jax.typeof(t).dtype)]
+        for i, t in zip(places, _bind_wait(ids, after, comm, moving), strict=True):
+            out_tangents[i] = t
+    return outs, out_tangents
+
+
+def _wait_transpose(cts, *operands, comm, requests, routes, counts):
+    """Start the reversed messages, each result's cotangent back to its
+    source; their id is the cotangent of the request's. The cotangents of
+    `after` are zeros that XLA cannot know for zeros until that start has
+    run, so the transposed work comes after it."""
+    results = [None] * len(operands)
+    for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
+        route, _, recv_keep = routes[k].derivative()
+        if ad.is_undefined_primal(operands[k]) and route:
+            back = route.reversed()
+            places = [jax_compat.transposed_receive_buffer(jax.core.ShapedArray((0,), d)) for _, d in back.recvs]
+            results[k] = _bind_start([cotangent(cts[int(offset) + j]) for j in recv_keep], places, comm, back)
+    started_ids = [id for id in results[:requests] if id is not None]
+    for i in range(requests, len(operands)):
+        aval = operands[i].aval if ad.is_undefined_primal(operands[i]) else None
+        if started_ids and aval is not None and _inexact(aval.dtype):
+            (results[i],) = zeros_after_p.bind(started_ids[0], shape=aval.shape, dtype=np.dtype(aval.dtype))
+    return results
 
 
 def _batch_start(prim, args, dims, *, recvs, **params):
@@ -172,32 +300,102 @@ def _batch_start(prim, args, dims, *, recvs, **params):
     return [jnp.broadcast_to(id, (size,))], [0]
 
 
-def _batch_wait(prim, args, dims, *, recvs, requests, **params):
-    """One wait for the batch: the ids are the same for every element (see
-    _batch_start); what it waits after stays as it is."""
+def _batch_wait(prim, args, dims, *, routes, requests, **params):
+    """One wait for the batch: a batched id is the same for every element
+    (see _batch_start), and its results are batched; what it waits after
+    stays as it is."""
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    batched = [d is not None for d in dims[:requests]]
     ids = [
         a if d is None else lax.index_in_dim(a, 0, d, keepdims=False)
         for a, d in zip(args[:requests], dims[:requests], strict=True)
     ]
-    recvs = tuple(((size, *shape), dtype) for shape, dtype in recvs)
-    outs = prim.bind(*ids, *args[requests:], recvs=recvs, requests=requests, **params)
-    return outs, [0] * len(outs)
+    routes = tuple(r.batched(size) if b else r for r, b in zip(routes, batched, strict=True))
+    outs = prim.bind(*ids, *args[requests:], routes=routes, requests=requests, **params)
+    return outs, [0 if b else None for r, b in zip(routes, batched, strict=True) for _ in r.recvs]
 
 
 start_p = mpi_primitive(
     "start",
     lambda *args, **p: [ID],
-    jvp=_not_differentiable,
+    jvp=_start_jvp,
+    transpose=_start_transpose,
     batch=_batch_start,
     attributes=("comm", "sources", "recvtags", "dests", "sendtags", "recv_bytes"),
 )
+# Not aligned: an id has a tangent only where its start was differentiated
+# (alike on every rank), and a wait for a request started elsewhere must not
+# be transposed into messages that nothing waits for.
 wait_p = mpi_primitive(
     "wait",
-    lambda *operands, recvs, **p: [jax.core.ShapedArray(shape, dtype) for shape, dtype in recvs],
-    jvp=_not_differentiable,
+    lambda *operands, routes, **p: [jax.core.ShapedArray(shape, dtype) for r in routes for shape, dtype in r.recvs],
+    jvp=_wait_jvp,
+    transpose=_wait_transpose,
     batch=_batch_wait,
-    attributes=("comm", "requests"),
+    attributes=("comm", "requests", "counts"),
+    aligned=False,
+)
+
+
+def _tie(*args, requests, comm):
+    ids, xs = args[:requests], args[requests:]
+    posted = functools.reduce(jnp.logical_and, [jnp.all(id >= 0) for id in ids])  # always true
+    return [jnp.where(posted, x, jnp.zeros_like(x)) for x in xs]
+
+
+def _tie_jvp(primals, tangents, *, requests, comm):
+    """The tangents are tied to the requests that move the tangents (the
+    ids' tangents), where there are such."""
+    outs = tie_p.bind(*primals, requests=requests, comm=comm)
+    ids = [t for t in tangents[:requests] if type(t) is not ad.Zero]
+    out_tangents = list(tangents[requests:])
+    moving = [i for i, t in enumerate(out_tangents) if type(t) is not ad.Zero]
+    if ids and moving:
+        tied = tie_p.bind(*ids, *[out_tangents[i] for i in moving], requests=len(ids), comm=comm)
+        for i, t in zip(moving, tied, strict=True):
+            out_tangents[i] = t
+    return outs, out_tangents
+
+
+def _tie_transpose(cts, *args, requests, comm):
+    """The cotangents pass; when the ids are the tangents' requests, a wait
+    for no request after them (an MPI call, so ordered before the start's
+    transpose, which waits for the reversed messages) keeps that wait after
+    the work that computes them."""
+    cts = [None if type(ct) is ad.Zero else ct for ct in cts]
+    if any(ad.is_undefined_primal(id) for id in args[:requests]):
+        computed = [ct for ct in cts if ct is not None and _inexact(ct.dtype)]
+        _bind_wait([jnp.float32(0)], computed, comm, [Route()])
+    return [None] * requests + [
+        ct if ad.is_undefined_primal(x) else None for x, ct in zip(args[requests:], cts, strict=True)
+    ]
+
+
+def _zeros_after(id, *, shape, dtype):
+    return [jnp.broadcast_to(jnp.minimum(jnp.min(id), 0).astype(dtype), shape)]  # ids are never negative
+
+
+# zeros_after_p(id) -> zeros of `shape`, which XLA computes after the start of
+# request `id`. A linear map of the id (to zero), so that it transposes.
+zeros_after_p = jax_compat.Primitive("mpijax_zeros_after")
+zeros_after_p.multiple_results = True
+zeros_after_p.def_impl(_zeros_after)
+zeros_after_p.def_abstract_eval(lambda id, *, shape, dtype: [jax.core.ShapedArray(shape, dtype)])
+mlir.register_lowering(zeros_after_p, mlir.lower_fun(_zeros_after, multiple_results=True))
+ad.deflinear2(zeros_after_p, lambda cts, id, **params: [None])
+batching.primitive_batchers[zeros_after_p] = lambda args, dims, **p: (zeros_after_p.bind(*args, **p), [None])
+
+# tie_p(*ids, *xs) -> xs, tied to the start of the requests `ids`.
+tie_p = jax_compat.Primitive("mpijax_started")
+tie_p.multiple_results = True
+tie_p.def_impl(_tie)
+tie_p.def_abstract_eval(lambda *avals, requests, comm: list(avals[requests:]))
+mlir.register_lowering(tie_p, mlir.lower_fun(_tie, multiple_results=True))
+ad.primitive_jvps[tie_p] = _tie_jvp
+ad.primitive_transposes[tie_p] = _tie_transpose
+batching.primitive_batchers[tie_p] = lambda args, dims, **params: (
+    tie_p.bind(*args, **params),
+    dims[params["requests"] :],
 )
 
 
@@ -214,3 +412,21 @@ def _every_request_is_used(closed_jaxpr):
 
 
 jax_compat.program_checks.append(_every_request_is_used)
+
+
+def _none_left_at_exit():
+    """Requests that eager code dropped, or that a program dropped after
+    carrying them through a loop, are not seen at trace time: say so when
+    Python exits (atexit runs this before primitive.py's drain, so it
+    drains first)."""
+    drain()
+    left = core.pending_requests()
+    if left:
+        print(
+            f"mpijax: {left} request(s) started by isend, irecv or ineighbor_exchange were never waited for; "
+            "their messages may be left unmatched (pass each Request to mpijax.wait)",
+            file=sys.stderr,
+        )
+
+
+atexit.register(_none_left_at_exit)
