@@ -94,7 +94,7 @@ def test_requests_never_waited_for_are_reported_at_exit(tmp_path):
         """,
     )
     assert result.returncode == 0, result.stderr
-    reports = re.findall(r"mpijax: (\d+) request\(s\) started by .* never waited for", result.stderr)
+    reports = re.findall(r"mpijax: (\d+) request\(s\) started by .*? never waited for", result.stderr)
     assert reports == ["2", "2"], result.stderr
 
 
