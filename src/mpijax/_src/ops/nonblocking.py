@@ -72,7 +72,8 @@ class Route(NamedTuple):
         grow = lambda specs: tuple(((size, *shape), dtype) for shape, dtype in specs)  # noqa: E731
         return self._replace(sends=grow(self.sends), recvs=grow(self.recvs))
 
-    def __bool__(self):
+    def moves(self):
+        """Whether any message goes anywhere."""
         return bool(self.sources or self.dests)
 
 
@@ -228,7 +229,7 @@ def _start_jvp(prim, primals, tangents, **params):
     (id,) = prim.bind_primal(*primals, **params)
     n = len(params["dests"])
     route, send_keep, recv_keep = _route(params, primals).derivative()
-    if not route:
+    if not route.moves():
         return [id], [ad.Zero(ID)]
     # The placeholders' tangents, not new constants: under linearize these are
     # unknown, so that the start of the tangents is staged with them.
@@ -243,7 +244,7 @@ def _start_transpose(cts, *operands, **params):
     its destination."""
     route, send_keep, _ = _route(params, operands).derivative()
     results = [None] * len(operands)
-    if route:
+    if route.moves():
         back = _bind_wait([cotangent(cts)], [], params["comm"], [route.reversed()])
         for i, ct in zip(send_keep, back, strict=True):
             results[i] = ct
@@ -259,7 +260,7 @@ def _wait_jvp(prim, primals, tangents, *, comm, requests, routes, counts):
     ids, moving, places = [], [], []
     for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
         route, _, recv_keep = routes[k].derivative()
-        if type(tangents[k]) is not ad.Zero and route:
+        if type(tangents[k]) is not ad.Zero and route.moves():
             ids.append(tangents[k])
             moving.append(route)
             places += [int(offset) + j for j in recv_keep]
@@ -278,7 +279,7 @@ def _wait_transpose(cts, *operands, comm, requests, routes, counts):
     results = [None] * len(operands)
     for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
         route, _, recv_keep = routes[k].derivative()
-        if ad.is_undefined_primal(operands[k]) and route:
+        if ad.is_undefined_primal(operands[k]) and route.moves():
             back = route.reversed()
             places = [jax_compat.transposed_receive_buffer(jax.core.ShapedArray((0,), d)) for _, d in back.recvs]
             results[k] = _bind_start([cotangent(cts[int(offset) + j]) for j in recv_keep], places, comm, back)
