@@ -61,6 +61,7 @@ MPIJAX_EXTRAS = {
     "irecv": "(x, source, *, tag=0, comm=None)",
     "ineighbor_exchange": "(sends, sources, dests, *, recvs=None, tags=None, comm=None)",
     "started": "(requests, x)",
+    "tree_allreduce": "(tree, op, *, comm=None)",
 }
 
 

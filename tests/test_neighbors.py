@@ -193,6 +193,34 @@ def test_halo_exchange_fills_ghost_cells_like_the_global_array(mode, periodic, c
     c.Free()
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("periodic", [True, False])
+def test_halo_exchange_of_several_fields_in_one_call(mode, periodic):
+    """A pytree of fields of different dtypes and trailing shapes: each comes
+    back as if exchanged alone, all in a single neighbor_exchange."""
+    c = cart(periodic)
+    dims = c.Get_topo()[0]
+    shape = (dims[0] * 4, dims[1] * 3)
+    fields = {
+        "h": np.arange(np.prod(shape), dtype=np.float32).reshape(shape),
+        "uv": np.arange(2 * np.prod(shape), dtype=np.int64).reshape(*shape, 2) - 7,
+    }
+    want = {k: local_block(f, c, (4, 3), 1, fill=-1) for k, f in fields.items()}
+    before = {k: w.copy() for k, w in want.items()}
+    for b in before.values():
+        b[0], b[-1], b[:, 0], b[:, -1] = -1, -1, -1, -1
+    exchange = lambda f: mpijax.halo_exchange(f, c)  # noqa: E731
+    got = MODES[mode](exchange)(before)
+    assert sorted(got) == ["h", "uv"]
+    for k in want:
+        assert_equal(got[k], want[k])
+    calls = [e.primitive.name for e in jax.make_jaxpr(exchange)(before).eqns if "mpijax" in e.primitive.name]
+    neighbors = mpijax.cart_neighbors(c)
+    alone = all(peer == MPI.PROC_NULL for peer in neighbors.sources + neighbors.dests)  # one rank, walled
+    assert calls == [] if alone else ["mpijax_neighbor_exchange"]
+    c.Free()
+
+
 def test_halo_exchange_checks_its_array():
     c = cart(True)
     with pytest.raises(ValueError, match=r"at least 3 \* width = 6 cells"):

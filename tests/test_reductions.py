@@ -3,6 +3,7 @@
 import functools
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,7 +11,20 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector, checkerboard, np_dtype
+from reference import (
+    DTYPES,
+    MODES,
+    RANK,
+    SHAPES,
+    SIZE,
+    all_data,
+    assert_equal,
+    big_vector,
+    checkerboard,
+    count_calls,
+    data,
+    np_dtype,
+)
 
 FOLDS = {
     "SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
@@ -132,3 +146,26 @@ def test_integer_sums_wrap_like_jax(comm, mode, dtype, n, name):
     assert_equal(result, expected(name, "SUM", xs, 0))
     if name == "allreduce":
         assert_equal(result, np.asarray(jnp.sum(jnp.stack(xs), axis=0, dtype=dtype)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tree_allreduce_reduces_every_leaf_in_one_call_per_dtype(comm, mode, capfd):
+    """A pytree with scalars, an empty leaf and leaves of two dtypes: each
+    leaf is the fold over ranks of that leaf, and the whole tree costs one
+    MPI call per dtype."""
+
+    def tree(r):
+        return {
+            "w": data((3, 2), "float32", r, 1),
+            "b": [data((), "float32", r, 2), data((0, 4), "float32", r, 3)],
+            "n": data((5,), "int64", r, 4),
+        }
+
+    trees = [tree(r) for r in range(SIZE)]
+    f = MODES[mode](lambda t: mpijax.tree_allreduce(t, MPI.MAX, comm=comm))
+    got = f(trees[RANK])
+    want = jax.tree.map(lambda *leaves: fold("MAX", leaves), *trees)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for leaf, expected_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert_equal(leaf, expected_leaf)
+    assert count_calls(capfd, lambda: f(trees[RANK])) == 2

@@ -246,36 +246,41 @@ def halo_exchange(x, comm, *, width=1, corners=True):
     holds `width` ghost cells on both sides of this rank's interior. With
     `corners`, the diagonal neighbours' corner cells are exchanged too (9- and
     27-point stencils need them). Ghost cells beyond a non-periodic edge keep
-    their values (boundary conditions)."""
+    their values (boundary conditions). `x` may be a pytree of such arrays
+    (the fields of a model): all of them move in the same single exchange."""
     op = "halo_exchange"
     neighbors = cart_neighbors(comm, corners=corners)
-    x = dtypes.array(x, op)
+    fields, structure = jax.tree.flatten(x)
+    fields = [dtypes.array(field, op) for field in fields]
     width = validation.static_int(width, "width", op)
     ndim = len(neighbors.offsets[0]) if neighbors.offsets else comm.Get_dim()
-    if width < 1 or x.ndim < ndim or any(n < 3 * width for n in x.shape[:ndim]):
-        raise ValueError(
-            f"mpijax.{op}: x must have at least 3 * width = {3 * width} cells (ghosts included) along each of "
-            f"its first {ndim} axes, the decomposed ones, with width >= 1; got shape {x.shape} and width {width}"
-        )
+    for field in fields:
+        if width < 1 or field.ndim < ndim or any(n < 3 * width for n in field.shape[:ndim]):
+            raise ValueError(
+                f"mpijax.{op}: x must have at least 3 * width = {3 * width} cells (ghosts included) along each of "
+                f"its first {ndim} axes, the decomposed ones, with width >= 1; got shape {field.shape} and width "
+                f"{width}"
+            )
     nowhere = (MPI.PROC_NULL, MPI.PROC_NULL)
-    messages = [i for i, pair in enumerate(zip(neighbors.sources, neighbors.dests, strict=True)) if pair != nowhere]
-    # At a wall one side of a message is MPI.PROC_NULL: it moves nothing, so it
-    # is given nothing to slice, copy or zero.
-    nothing = jax.ShapeDtypeStruct((0,), x.dtype)
+    directions = [i for i, pair in enumerate(zip(neighbors.sources, neighbors.dests, strict=True)) if pair != nowhere]
+    # Message (k, i) carries field k in direction i, tagged apart from every other.
+    messages = [(k, i) for k in range(len(fields)) for i in directions]
     sends, recvs = [], []
-    for i in messages:
-        strip = x[_strips(neighbors.offsets[i], x.shape, width, True)]
-        sends.append(strip if neighbors.dests[i] != MPI.PROC_NULL else jnp.zeros(0, x.dtype))
-        recvs.append(strip if neighbors.sources[i] != MPI.PROC_NULL else nothing)
+    for k, i in messages:
+        strip = fields[k][_strips(neighbors.offsets[i], fields[k].shape, width, True)]
+        # At a wall one side of a message is MPI.PROC_NULL: it moves nothing,
+        # so it is given nothing to slice, copy or zero.
+        sends.append(strip if neighbors.dests[i] != MPI.PROC_NULL else jnp.zeros(0, strip.dtype))
+        recvs.append(strip if neighbors.sources[i] != MPI.PROC_NULL else jax.ShapeDtypeStruct((0,), strip.dtype))
     received = neighbor_exchange(
         sends,
-        [neighbors.sources[i] for i in messages],
-        [neighbors.dests[i] for i in messages],
+        [neighbors.sources[i] for _, i in messages],
+        [neighbors.dests[i] for _, i in messages],
         recvs=recvs,
-        tags=messages,
+        tags=[k * len(neighbors.offsets) + i for k, i in messages],
         comm=comm,
     )
-    for i, ghost in zip(messages, received, strict=True):
+    for (k, i), ghost in zip(messages, received, strict=True):
         if neighbors.sources[i] != MPI.PROC_NULL:
-            x = x.at[_strips(neighbors.offsets[i], x.shape, width, False)].set(ghost)
-    return x
+            fields[k] = fields[k].at[_strips(neighbors.offsets[i], fields[k].shape, width, False)].set(ghost)
+    return structure.unflatten(fields)

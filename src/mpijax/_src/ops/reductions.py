@@ -7,6 +7,7 @@ values. Linearized programs only ever contain SUM reductions, so only those
 have transposes.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad
@@ -222,6 +223,24 @@ def allreduce(x, op, *, comm=None, token=validation.NOTSET):
     validation.no_token(token, "allreduce")
     x, comm, code = _prepare(x, op, comm, "allreduce")
     return allreduce_p.bind(x, comm=comm.id, op=code)[0]
+
+
+def tree_allreduce(tree, op, *, comm=None):
+    """allreduce of every leaf of a pytree (the gradients of a model, say) in
+    one call per dtype: the leaves of a dtype are flattened into one buffer,
+    reduced together and split back into the tree's structure."""
+    leaves, structure = jax.tree.flatten(tree)
+    leaves = [dtypes.array(leaf, "tree_allreduce", "tree") for leaf in leaves]
+    by_dtype = {}
+    for i, leaf in enumerate(leaves):
+        by_dtype.setdefault(leaf.dtype, []).append(i)
+    reduced = [None] * len(leaves)
+    for members in by_dtype.values():
+        flat = allreduce(jnp.concatenate([leaves[i].ravel() for i in members]), op, comm=comm)
+        ends = np.cumsum([leaves[i].size for i in members])
+        for i, end in zip(members, ends, strict=True):
+            reduced[i] = flat[end - leaves[i].size : end].reshape(leaves[i].shape)
+    return structure.unflatten(reduced)
 
 
 def reduce(x, op, root, *, comm=None, token=validation.NOTSET):
