@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs mpijax on a Debian machine and runs examples/hello.py on 2 ranks.
+# Installs mpijax on a Debian machine and runs the shallow-water model,
+# examples/shallow_water.py, on 2 ranks: it writes shallow_water.png.
 # Installs with apt what is missing (an MPI, a C++ compiler, Python's venv and
-# headers), then mpijax and its test tools into a virtual environment, .venv.
+# headers), then mpijax, its test tools and matplotlib (for the examples'
+# pictures) into a virtual environment, .venv.
 #   bash scripts/setup.sh                 set up, then run the example
 #   bash scripts/setup.sh --no-example    set up only
 # With MPIJAX_MPI=mpich: Debian's MPICH instead of the MPI on PATH, with
@@ -39,9 +41,9 @@ if [ "${MPIJAX_MPI:-}" = mpich ]; then
   MPICC=$mpicc "$venv/bin/python" -m pip install -q --no-binary=mpi4py "mpi4py>=4"
   export CMAKE_ARGS="${CMAKE_ARGS:-} -DMPI_C_COMPILER=$(command -v "$mpicc")"
 fi
-"$venv/bin/python" -m pip install -q ".[test]"
+"$venv/bin/python" -m pip install -q ".[test,examples]"
 
 if [ "${1:-}" != "--no-example" ]; then
-  echo "== $mpirun -n 2 python examples/hello.py"
-  "$mpirun" -n 2 "$venv/bin/python" examples/hello.py
+  echo "== $mpirun -n 2 python examples/shallow_water.py"
+  "$mpirun" -n 2 "$venv/bin/python" examples/shallow_water.py
 fi

@@ -261,26 +261,34 @@ def halo_exchange(x, comm, *, width=1, corners=True):
                 f"its first {ndim} axes, the decomposed ones, with width >= 1; got shape {field.shape} and width "
                 f"{width}"
             )
-    nowhere = (MPI.PROC_NULL, MPI.PROC_NULL)
-    directions = [i for i, pair in enumerate(zip(neighbors.sources, neighbors.dests, strict=True)) if pair != nowhere]
+    me = comm.Get_rank()
+    nowhere, oneself = (MPI.PROC_NULL, MPI.PROC_NULL), (me, me)
+    pairs = list(zip(neighbors.sources, neighbors.dests, strict=True))
+
+    def strip(k, i):  # what field k sends in direction i
+        return fields[k][_strips(neighbors.offsets[i], fields[k].shape, width, True)]
+
     # Message (k, i) carries field k in direction i, tagged apart from every other.
-    messages = [(k, i) for k in range(len(fields)) for i in directions]
+    messages = [(k, i) for k in range(len(fields)) for i, pair in enumerate(pairs) if pair not in (nowhere, oneself)]
+    # Along an axis this rank spans alone (periodic), its ghost cells are its
+    # own opposite strips: copied here, without MPI.
+    copies = [(k, i) for k in range(len(fields)) for i, pair in enumerate(pairs) if pair == oneself]
     sends, recvs = [], []
     for k, i in messages:
-        strip = fields[k][_strips(neighbors.offsets[i], fields[k].shape, width, True)]
         # At a wall one side of a message is MPI.PROC_NULL: it moves nothing,
         # so it is given nothing to slice, copy or zero.
-        sends.append(strip if neighbors.dests[i] != MPI.PROC_NULL else jnp.zeros(0, strip.dtype))
-        recvs.append(strip if neighbors.sources[i] != MPI.PROC_NULL else jax.ShapeDtypeStruct((0,), strip.dtype))
+        nothing = jax.ShapeDtypeStruct((0,), fields[k].dtype)
+        sends.append(strip(k, i) if neighbors.dests[i] != MPI.PROC_NULL else jnp.zeros(0, nothing.dtype))
+        recvs.append(strip(k, i) if neighbors.sources[i] != MPI.PROC_NULL else nothing)
     received = neighbor_exchange(
         sends,
         [neighbors.sources[i] for _, i in messages],
         [neighbors.dests[i] for _, i in messages],
         recvs=recvs,
-        tags=[k * len(neighbors.offsets) + i for k, i in messages],
+        tags=[k * len(pairs) + i for k, i in messages],
         comm=comm,
     )
-    for (k, i), ghost in zip(messages, received, strict=True):
+    for (k, i), ghost in zip(messages + copies, received + [strip(k, i) for k, i in copies], strict=True):
         if neighbors.sources[i] != MPI.PROC_NULL:
             fields[k] = fields[k].at[_strips(neighbors.offsets[i], fields[k].shape, width, False)].set(ghost)
     return structure.unflatten(fields)
