@@ -38,13 +38,15 @@ def mpirun(tmp_path, source, n=2, env=None, timeout=120):
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
 
 
-def run_example(tmp_path, path, n=2):
-    """Run the example at `path` unchanged on n ranks; return (result, each
-    rank's stdout): mpirun would interleave the ranks' output arbitrarily."""
+def run_example(tmp_path, path, n=2, args=()):
+    """Run the example at `path` unchanged on n ranks, with command-line
+    `args`, in tmp_path; return (result, each rank's stdout): mpirun would
+    interleave the ranks' output arbitrarily."""
     wrapper = f"""
         import os, runpy, sys
         rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["PMI_RANK"]
         sys.stdout = open(f"stdout.{{rank}}", "w")
+        sys.argv = [{str(path)!r}, *{list(args)!r}]
         runpy.run_path({str(path)!r}, run_name="__main__")
         """
     result = mpirun(tmp_path, wrapper, n=n)
@@ -154,6 +156,21 @@ def test_readme_example(tmp_path):
         "rank 0/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 1: [10.0, 11.0, 12.0, 13.0]\n",
         "rank 1/2: global sum [10.0, 12.0, 14.0, 16.0], from rank 0: [0.0, 1.0, 2.0, 3.0]\n",
     ]
+
+
+def test_the_shallow_water_example_writes_its_pictures(tmp_path):
+    """The job of the README's first command, small: rank 0 reports the
+    decomposition, progress and steps per second and writes the picture and
+    the animation; the other rank prints nothing."""
+    args = ["--n", "32", "--days", "0.5", "--animate"]
+    result, out = run_example(tmp_path, ROOT / "examples" / "shallow_water.py", args=args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.match(r"32 x 32 cells on 2 x 1 ranks, \d+ steps of \d+ s\n", out[0]), out[0]
+    assert re.search(r"^day  0\.\d+ +\d+ steps/s  energy change [-+]\d\.\de-\d+  mass change", out[0], re.M), out[0]
+    assert "wrote shallow_water.png\nwrote shallow_water.gif\n" in out[0], out[0]
+    assert out[1] == ""
+    assert (tmp_path / "shallow_water.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "shallow_water.gif").read_bytes()[:4] == b"GIF8"
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in MPI library")
