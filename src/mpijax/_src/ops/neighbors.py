@@ -223,21 +223,6 @@ def cart_neighbors(comm, *, corners=True):
     return Neighbors(offsets, tuple(rank_at(tuple(-c for c in d)) for d in offsets), tuple(map(rank_at, offsets)))
 
 
-def _strips(offset, shape, width, sending):
-    """The index of what goes in direction `offset`: the interior cells next
-    to that side (sending), or the ghost cells on the opposite side, where the
-    neighbour's strip lands (receiving)."""
-    index = []
-    for d, n in zip(offset, shape, strict=False):
-        if d == 0:
-            index.append(slice(width, n - width))
-        elif sending:
-            index.append(slice(n - 2 * width, n - width) if d > 0 else slice(width, 2 * width))
-        else:
-            index.append(slice(0, width) if d > 0 else slice(n - width, n))
-    return tuple(index)
-
-
 def halo_exchange(x, comm, *, width=1, corners=True):
     """Fill the ghost cells of `x` from the neighbouring ranks on the
     Cartesian communicator `comm`.
