@@ -3,6 +3,7 @@ the same order. Rank 0 reports as usual; the other ranks print only their
 failures and a one-line tally, so a failure on any rank is visible."""
 
 import collections
+import pathlib
 import sys
 
 import jax
@@ -12,6 +13,8 @@ from mpi4py import MPI
 import mpijax
 
 jax.config.update("jax_enable_x64", True)
+# The whole programs of examples/, importable by their tests (test_example_*.py).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()

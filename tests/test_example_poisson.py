@@ -4,17 +4,12 @@ matrix assembled here cell by cell, and jax.grad of the loss through the solve (
 solve) against central finite differences of the dense solve. N = 12 splits evenly over the
 decompositions of 1, 2 and 3 ranks (1 x 1, 2 x 1, 3 x 1)."""
 
-import sys
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import poisson_cg  # noqa: E402
-
+import poisson_cg
 from reference import SIZE
 
 pytestmark = pytest.mark.usefixtures("watchdog")

@@ -3,17 +3,13 @@ run on one rank (every rank alone, on MPI.COMM_SELF), in double precision:
 each cell's arithmetic is the same whatever the decomposition, so the fields
 agree to rounding, and the flux form keeps the mass to rounding."""
 
-import sys
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
-import shallow_water as sw  # noqa: E402
+import shallow_water as sw
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 

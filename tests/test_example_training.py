@@ -4,8 +4,6 @@ process training alone on the whole of every batch, and the gradient that
 the training uses is that of the whole batch's mean loss."""
 
 import hashlib
-import importlib.util
-import pathlib
 
 import jax
 import numpy as np
@@ -14,13 +12,9 @@ from mpi4py import MPI
 
 import mpijax
 
-pytestmark = pytest.mark.usefixtures("watchdog")
+import data_parallel as dp
 
-_spec = importlib.util.spec_from_file_location(
-    "data_parallel", pathlib.Path(__file__).parents[1] / "examples" / "data_parallel.py"
-)
-dp = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dp)
+pytestmark = pytest.mark.usefixtures("watchdog")
 
 # float64: the runs differ only in the order in which the terms of the
 # gradient are summed (over a rank's rows, then over ranks), near 1e-16
