@@ -120,6 +120,13 @@ def local_halo(periods):
     return lambda fields: jax.tree.map(fill, fields)
 
 
+def _mpi_module(backend):
+    """The binding whose calls the sendrecv-style code makes: mpi4jax, or mpijax."""
+    import importlib
+
+    return importlib.import_module("mpi4jax" if backend == "mpi4jax" else "mpijax")
+
+
 def grid_comms(backend, cart, comms_type, native):
     """The Comms of a grid example (halo, sum) for `backend`."""
     from jax import lax
@@ -129,7 +136,7 @@ def grid_comms(backend, cart, comms_type, native):
     if backend == "mpijax":
         return native(cart)
     if backend in ("sendrecv", "mpi4jax"):
-        mpi = __import__(backend if backend == "mpi4jax" else "mpijax")
+        mpi = _mpi_module(backend)
         return comms_type(halo=sendrecv_halo(mpi, cart), sum=lambda x: mpi.allreduce(x, op=MPI.SUM, comm=cart))
     if backend == "sharding":
         return comms_type(halo=ppermute_halo(dims, periods), sum=lambda x: lax.psum(x, ("y", "x")))
@@ -165,8 +172,9 @@ def _sharded_spec():
 def shallow_water_case(backend, comm):
     """100 time steps of the example's model, 512 x 512 cells."""
     import jax
-    import shallow_water as sw
     from jax.sharding import PartitionSpec as P
+
+    import shallow_water as sw
 
     cfg = sw.Config(n=512)
     cart, rows, cols = sw.decompose(comm, cfg.n)
@@ -193,9 +201,10 @@ def poisson_case(backend, comm):
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    import poisson_cg as cg
     from jax.sharding import PartitionSpec as P
     from mpi4py import MPI
+
+    import poisson_cg as cg
 
     cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[False, False])
     theta, problem = cg.setup(128, cart)
@@ -217,13 +226,15 @@ def training_case(backend, comm):
     """One epoch of the example's training: 20 Adam steps of a global batch
     of 240 rows, each rank its share, on a 2-64-64-1 MLP (4.5 k float32
     parameters, the loss and the gradients averaged once per step)."""
-    import data_parallel as dp
     import jax
+    import jax.flatten_util
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
     from mpi4py import MPI
+
+    import data_parallel as dp
 
     rank, size = comm.Get_rank(), comm.Get_size()
     data = dp.dataset(4800)
@@ -232,13 +243,6 @@ def training_case(backend, comm):
     rows = dp.batch_rows(4800, 240, 0)
     local = rows[:, rank * (240 // size) : (rank + 1) * (240 // size)]
     lr = 3e-3
-
-    def averaged_by(allreduce):
-        def average(tree):
-            flat, unravel = jax.flatten_util.ravel_pytree(tree)
-            return unravel(allreduce(flat) / size)
-
-        return average
 
     if backend == "sharding":  # jit over the global batch: XLA adds the all-reduce of the gradients
         mesh = Mesh(np.array(jax.devices()), ("batch",))
@@ -256,24 +260,22 @@ def training_case(backend, comm):
         replicated = NamedSharding(mesh, P())
         state = jax.tree.map(lambda a: jax.make_array_from_process_local_data(replicated, np.asarray(a)), state)
         return epoch, (state, x, y), lambda out: (out[0], x, y), lambda out: len(rows), lambda out: float(out[1][-1])
-    import jax.flatten_util
 
-    if backend == "mpijax":
-        average = dp.mpi_average(comm)
-    elif backend in ("sendrecv", "mpi4jax"):  # what an mpi4jax user writes: one allreduce of the flat vector
-        mpi = __import__(backend if backend == "mpi4jax" else "mpijax")
-        average = averaged_by(lambda flat: mpi.allreduce(flat, op=MPI.SUM, comm=comm))
-    else:
-        average = lambda tree: tree  # noqa: E731
-    epoch = dp.make_epoch(average, lr)
-    local = jnp.asarray(local)
-    return (
-        epoch,
-        (state, data, local),
-        lambda out: (out[0], data, local),
-        lambda out: len(rows),
-        lambda out: float(out[1][-1]),
-    )
+    def average(tree):
+        if backend == "mpijax":
+            return dp.mpi_average(comm)(tree)
+        if backend == "local":
+            return tree
+        # What an mpi4jax user writes: one allreduce of the flattened tree.
+        flat, unravel = jax.flatten_util.ravel_pytree(tree)
+        return unravel(_mpi_module(backend).allreduce(flat, op=MPI.SUM, comm=comm) / size)
+
+    args = (state, data, jnp.asarray(local))
+
+    def again(out):
+        return (out[0], *args[1:])
+
+    return dp.make_epoch(average, lr), args, again, lambda out: len(rows), lambda out: float(out[1][-1])
 
 
 def _sum_of(a):
