@@ -500,7 +500,9 @@ def test_linear_transpose_three_deep(comm, case):
     assert_close(_transpose(_transpose(f, x), w)(x), f(x), rtol=1e-12)
 
 
-@pytest.mark.parametrize("in_axis,out_axis", [(0, 0), (-1, 0), (0, -1)])
+# The batch axis moved in, then out: between them every rule's handling of
+# axis 0 (the default) on the way in and on the way out.
+@pytest.mark.parametrize("in_axis,out_axis", [(-1, 0), (0, -1)])
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capfd):
     batch = [inputs(case, f"batch{b}") for b in range(4)]

@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector
+from reference import BIG, DTYPES, MODES, RANK, SHAPES, SIZE, all_data, assert_equal, big_vector, checkerboard
 
 # A receive that waits for a message that never comes fails, not hangs.
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -32,18 +32,14 @@ def ring(x, comm, tag=0):
     return y
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@checkerboard(dtype=DTYPES, shape=SHAPES)
 def test_send_recv_ring(comm, mode, dtype, shape):
     xs = all_data(shape, dtype)
     result = MODES[mode](lambda x: ring(x, comm))(xs[RANK])
     assert_equal(result, xs[PREV])
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
+@checkerboard(dtype=DTYPES, shape=SHAPES)
 def test_sendrecv_ring(comm, mode, dtype, shape):
     xs = all_data(shape, dtype)
     result = MODES[mode](lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))(xs[RANK])
