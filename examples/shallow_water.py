@@ -98,6 +98,11 @@ def at(a, dj, di):
     return jnp.roll(a, (-dj, -di), axis=(0, 1))
 
 
+def kinetic(u, v):
+    """(u^2 + v^2) / 2 at the cell centres, from the faces on either side."""
+    return 0.25 * (u**2 + at(u, 0, -1) ** 2 + v**2 + at(v, -1, 0) ** 2)
+
+
 def tendencies(state, cfg):
     h, u, v = state
     dx = cfg.dx
@@ -105,8 +110,7 @@ def tendencies(state, cfg):
     hv = 0.5 * (h + at(h, 1, 0)) * v
     corner_h = 0.25 * (h + at(h, 0, 1) + at(h, 1, 0) + at(h, 1, 1))
     q = (cfg.f + (at(v, 0, 1) - v) / dx - (at(u, 1, 0) - u) / dx) / corner_h
-    k = 0.25 * (u**2 + at(u, 0, -1) ** 2 + v**2 + at(v, -1, 0) ** 2)
-    bernoulli = cfg.g * h + k
+    bernoulli = cfg.g * h + kinetic(u, v)
 
     def lap(a):
         return (at(a, 0, 1) + at(a, 0, -1) + at(a, 1, 0) + at(a, -1, 0) - 4 * a) / dx**2
@@ -141,9 +145,8 @@ def totals(state, cfg, comms):
     the mass above the mean depth, of the whole domain. Both are sums of
     departures from rest, which single precision adds up accurately."""
     h, u, v = comms.halo(state)
-    k = 0.25 * (u**2 + at(u, 0, -1) ** 2 + v**2 + at(v, -1, 0) ** 2)
     eta = h - cfg.depth
-    energy = 0.5 * cfg.g * eta**2 + h * k
+    energy = 0.5 * cfg.g * eta**2 + h * kinetic(u, v)
     return comms.sum(jnp.stack([jnp.sum(energy[1:-1, 1:-1]), jnp.sum(eta[1:-1, 1:-1])]) * cfg.dx**2)
 
 
@@ -169,12 +172,11 @@ def gather_field(a, cart, n):
     blocks = np.asarray(mpijax.gather(a[1:-1, 1:-1], root=0, comm=cart))
     if cart.Get_rank() != 0:
         return None
-    dims = cart.Get_topo()[0]
+    ny, nx = blocks.shape[1:]  # every rank's block has this shape (decompose)
     full = np.empty((n, n), blocks.dtype)
     for r, block in enumerate(blocks):
         cy, cx = cart.Get_coords(r)
-        full[cy * block.shape[0] : (cy + 1) * block.shape[0], cx * block.shape[1] : (cx + 1) * block.shape[1]] = block
-    assert block.shape == (n // dims[0], n // dims[1])
+        full[cy * ny : (cy + 1) * ny, cx * nx : (cx + 1) * nx] = block
     return full
 
 
