@@ -26,17 +26,24 @@ BIG = 8 * 2**20  # bytes: far above any eager (rendezvous) limit
 MODES = {"eager": lambda f: f, "jit": jax.jit}
 
 
-def checkerboard(**axes):
+def checkerboard(keep=1, **axes):
     """Parametrizes `mode` and every axis (name -> values; a name "a,b" takes
-    tuples) over all combinations, each in one mode: eager where the indices
-    of its values add up to an even number, jit elsewhere. Every value of
-    every axis still runs both eager and jitted, with half the tests of both
-    modes everywhere (the MPI call is the same in both: only dispatch differs)."""
+    tuples) over the combinations whose value indices add up to a multiple of
+    `keep` (all, by default), each in one mode: eager and jit alternate along
+    every axis. Every value of every axis still runs both eager and jitted,
+    with 1 / (2 * keep) of the tests in each mode (the MPI call is the same
+    in both: only dispatch differs). keep = k thins the grid k-fold, yet the
+    values of all axes but one still meet wherever that axis has k or more
+    values (one of them makes up the sum): axes that steer independent parts
+    of a call (a dtype's arithmetic, a shape's count) meet pairwise without
+    the whole grid."""
     cases = []
     for index in itertools.product(*(range(len(values)) for values in axes.values())):
+        if sum(index) % keep:
+            continue
         chosen = [values[i] for values, i in zip(axes.values(), index, strict=True)]
         flat = [v for name, value in zip(axes, chosen, strict=True) for v in (value if "," in name else (value,))]
-        cases.append((list(MODES)[sum(index) % 2], *flat))
+        cases.append((list(MODES)[sum(index) // keep % 2], *flat))
     label = lambda v: ("x".join(map(str, v)) or "scalar") if isinstance(v, tuple) else str(v)  # noqa: E731
     return pytest.mark.parametrize(",".join(["mode", *axes]), cases, ids=["-".join(map(label, c)) for c in cases])
 

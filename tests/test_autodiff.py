@@ -398,12 +398,19 @@ def pairing(case, ws, ys):
     return total / SIZE if case.replicated else total
 
 
+def alternating(shift):
+    """Each case in one mode, eager and jit in turn: the rules are the same in
+    both, only dispatch differs. The shifts of the tests of one case differ,
+    so that each case runs both ways."""
+    cases = [(case, list(MODES)[(i + shift) % 2]) for i, case in enumerate(CASES)]
+    return pytest.mark.parametrize("case,mode", cases, ids=[f"{c!r}-{m}" for c, m in cases])
+
+
 def assert_close(actual, expected, rtol=1e-6, atol=1e-8):
     np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", CASES, ids=repr)
+@alternating(0)
 def test_jvp_against_finite_differences(comm, case, mode):
     xs, vs = inputs(case), inputs(case, "v")
     y, ydot = MODES[mode](lambda x, v: jax.jvp(lambda x: case.call(x, comm), (x,), (v,)))(xs[RANK], vs[RANK])
@@ -411,8 +418,7 @@ def test_jvp_against_finite_differences(comm, case, mode):
     assert_close(ydot, fd_tangents(case, xs, vs)[RANK])
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", CASES, ids=repr)
+@alternating(1)
 def test_vjp_dot_product(comm, case, mode):
     """sum over ranks of <w, J v> == sum over ranks of <J^T w, v>, with J v
     from finite differences in NumPy, and with J v from mpijax's jvp."""
@@ -429,8 +435,7 @@ def test_vjp_dot_product(comm, case, mode):
     assert rhs == pytest.approx(global_sum(np.vdot(ws[RANK], ydot)) / (SIZE if case.replicated else 1), rel=1e-10)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", CASES, ids=repr)
+@alternating(0)
 def test_grad_against_finite_differences(comm, case, mode):
     """grad of each rank's loss; the global loss sums them (once, if replicated)."""
     xs, vs = inputs(case), inputs(case, "v")

@@ -201,16 +201,16 @@ def with_mpijax(comm, op, x, root, reduction, peers, recv_shape):
 
 
 @pytest.mark.parametrize("check", [False, True], ids=["plain", "check_mode"])
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_fuzz_random_programs_against_mpi4py(comm, seed, check):
-    """60 random calls per seed (op, dtype, shape, root, reduction, message
+    """40 random calls per seed (op, dtype, shape, root, reduction, message
     pattern and receive buffer, eager or jit), each compared with mpi4py
     making the same call on NumPy arrays; check mode must change no result."""
     rng = np.random.default_rng(seed)
     reference = comm.Dup()
     mpijax.set_check(check)
     try:
-        for case in range(60):
+        for case in range(40):
             op, dtype, shape, root, reduction, peers, recv_shape, jitted = fuzz_case(rng)
             x = all_data(shape, dtype, seed=case)[RANK]
             f = with_mpijax(comm, op, x, root, reduction, peers, recv_shape)
