@@ -169,29 +169,45 @@ def _sharded_spec():
     return P("y", "x")
 
 
-def shallow_water_case(backend, comm):
-    """100 time steps of the example's model, 512 x 512 cells."""
+def _shallow_water(backend, comm, loop, out_specs):
+    """A case of the example's model at 512 x 512 cells: `loop(sw, cfg,
+    comms)` is the jitted loop over its state, of 100 steps."""
     import jax
-    from jax.sharding import PartitionSpec as P
 
     import shallow_water as sw
 
     cfg = sw.Config(n=512)
     cart, rows, cols = sw.decompose(comm, cfg.n)
     state = sw.initial_state(cfg, rows, cols)
-    comms = grid_comms(backend, cart, sw.Comms, sw.mpijax_comms)
-    steps = 100
-
-    def run(s):
-        return sw.simulate(s, steps, cfg, comms)
-
+    run = loop(sw, cfg, grid_comms(backend, cart, sw.Comms, sw.mpijax_comms))
     if backend == "sharding":
-        advance, state = sharded(run, cart, (state,), ((_sharded_spec(),) * 3, P()))
-    else:
-        advance, state = jax.jit(run), (state,)
+        return sharded(run, cart, (state,), out_specs)
+    return jax.jit(run), (state,)
+
+
+def shallow_water_case(backend, comm):
+    """100 time steps of the example's model."""
+    from jax.sharding import PartitionSpec as P
+
+    def loop(sw, cfg, comms):
+        return lambda s: sw.simulate(s, 100, cfg, comms)
+
+    advance, state = _shallow_water(backend, comm, loop, ((_sharded_spec(),) * 3, P()))
     # (function, its arguments, the next call's arguments from its result,
     # steps done by a call, a checksum: the domain's energy)
-    return advance, state, lambda out: (out[0],), lambda out: steps, lambda out: float(out[1][0])
+    return advance, state, lambda out: (out[0],), lambda out: 100, lambda out: float(out[1][0])
+
+
+def halo_case(backend, comm):
+    """The model's halo exchange alone, of (h, u, v): 100 exchanges in a
+    loop; a step is an exchange."""
+    from jax import lax
+
+    def loop(sw, cfg, comms):
+        return lambda s: lax.fori_loop(0, 100, lambda _, s: comms.halo(s), s)
+
+    advance, state = _shallow_water(backend, comm, loop, (_sharded_spec(),) * 3)
+    return advance, state, lambda out: (out,), lambda out: 100, lambda out: comm.allreduce(_sum_of(out[0]))
 
 
 def poisson_case(backend, comm):
@@ -285,7 +301,7 @@ def _sum_of(a):
     return float(np.sum(np.asarray(a.addressable_shards[0].data)))
 
 
-CASES = {"shallow_water": shallow_water_case, "poisson": poisson_case, "training": training_case}
+CASES = {"shallow_water": shallow_water_case, "halo": halo_case, "poisson": poisson_case, "training": training_case}
 
 
 def run_case(app, backend):

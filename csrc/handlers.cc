@@ -455,6 +455,37 @@ void Blame(CallInfo& info, const std::vector<mpi::Transfer>& recvs,
   (i < recvs.size() ? info.recv_tag : info.send_tag) = t.tag;
 }
 
+// Every message of `recvs` and `sends` at once (mpi::NeighborExchange), a
+// receive from MPI_PROC_NULL leaving its buffer as it is. A derivative message
+// that a receive from anyone set aside is taken from there (mpi_calls.h). On
+// an error `info` names the message at fault.
+template <class Memory>
+int Exchange(Memory& m, CallInfo& info, MPI_Comm comm, std::vector<mpi::Transfer>& recvs,
+             const std::vector<mpi::Transfer>& sends) {
+  for (mpi::Transfer& r : recvs) {
+    if (r.peer == MPI_PROC_NULL) continue;
+    int size = 0;
+    MPI_Type_size(r.type, &size);
+    const size_t bytes = static_cast<size_t>(r.count) * static_cast<size_t>(size);
+    info.source = r.peer;
+    info.recv_tag = r.tag;
+    MPI_Status st;
+    const std::optional<int> taken = TakeAside(m, info, comm, r.data, bytes, &st);
+    if (!taken) continue;
+    MPI_Count received = 0;
+    if (*taken || MPI_Get_elements_x(&st, MPI_BYTE, &received) ||
+        received != static_cast<MPI_Count>(bytes)) {
+      return *taken ? *taken : mpi::kWrongSize;
+    }
+    r.peer = MPI_PROC_NULL;
+    r.count = 0;
+  }
+  int failed = -1;
+  const int code = mpi::NeighborExchange(recvs, sends, comm, &failed);
+  Blame(info, recvs, sends, failed);
+  return code;
+}
+
 // The binding of a call that takes any number of messages: sends (and more)
 // in, results (and more) out, each list ending with the token; the messages'
 // peers and tags.
@@ -472,8 +503,7 @@ auto Exchanging() {
 
 // Result i comes from sources[i] under recvtags[i] (zeros from
 // MPI_PROC_NULL), and send i goes to dests[i] under sendtags[i]; all posted
-// at once. A derivative message that a receive from anyone set aside is taken
-// from there (mpi_calls.h). On an error `info` names the message at fault.
+// at once.
 template <class Memory>
 ffi::Error NeighborExchange(typename Memory::Context ctx, ffi::RemainingArgs args,
                             ffi::RemainingRets rets, int64_t comm, Ints sources, Ints recvtags,
@@ -507,33 +537,168 @@ ffi::Error NeighborExchange(typename Memory::Context ctx, ffi::RemainingArgs arg
       ffi::AnyBuffer& y = *recv[i];
       recvs.push_back({m.Out(y), static_cast<int64_t>(y.element_count()), TypeOf(y),
                        static_cast<int>(sources[i]), static_cast<int>(recvtags[i])});
+      if (sources[i] == MPI_PROC_NULL) m.Zero(recvs.back().data, y.size_bytes());
     }
-    for (size_t i = 0; i < n_recv; ++i) {
-      mpi::Transfer& r = recvs[i];
-      const size_t bytes = recv[i]->size_bytes();
-      info.source = r.peer;
-      info.recv_tag = r.tag;
-      MPI_Status st;
-      const std::optional<int> taken = TakeAside(m, info, c.handle, r.data, bytes, &st);
-      MPI_Count received = 0;
-      if (taken && (*taken || MPI_Get_elements_x(&st, MPI_BYTE, &received) ||
-                    received != static_cast<MPI_Count>(bytes))) {
-        return *taken ? *taken : mpi::kWrongSize;
-      }
-      if (taken || r.peer == MPI_PROC_NULL) {
-        if (!taken) m.Zero(r.data, bytes);
-        r.peer = MPI_PROC_NULL;
-        r.count = 0;
-      }
-    }
-    int failed = -1;
-    const int code = mpi::NeighborExchange(recvs, sends, c.handle, &failed);
-    Blame(info, recvs, sends, failed);
-    return code;
+    return Exchange(m, info, c.handle, recvs, sends);
   });
 }
 
 MPIJAX_OP(NeighborExchange, "neighbor_exchange", Exchanging<P>());
+
+// A box of an array: along each of its leading axes a first index and an
+// extent, its trailing axes whole. CopyBox copies it to (pack) or from a
+// contiguous buffer, one contiguous run per index of the leading axes but the
+// last.
+struct Box {
+  const int64_t* start;
+  const int64_t* extent;
+  size_t axes;
+};
+
+void CopyBox(char* array, ffi::AnyBuffer::Dimensions dims, size_t item, const Box& box,
+             char* packed, bool pack) {
+  std::vector<size_t> stride(box.axes);
+  size_t inner = item;
+  for (size_t a = dims.size(); a-- > 0;) {
+    if (a < box.axes) stride[a] = inner;
+    inner *= static_cast<size_t>(dims[a]);
+  }
+  for (size_t a = 0; a < box.axes; ++a) {
+    if (box.extent[a] == 0) return;
+  }
+  const size_t last = box.axes - 1;
+  const size_t run = static_cast<size_t>(box.extent[last]) * stride[last];
+  std::vector<int64_t> at(box.axes, 0);
+  for (bool more = true; more; packed += run) {
+    size_t offset = 0;
+    for (size_t a = 0; a < box.axes; ++a) {
+      offset += static_cast<size_t>(box.start[a] + at[a]) * stride[a];
+    }
+    std::memcpy(pack ? packed : array + offset, pack ? array + offset : packed, run);
+    more = false;  // the next index of the leading axes but the last, if any
+    for (size_t a = last; a-- > 0 && !more;) {
+      more = ++at[a] < box.extent[a];
+      if (!more) at[a] = 0;
+    }
+  }
+}
+
+// Fills ghost cells in place (halo_exchange): message i sends the box of
+// field field[i] at send_starts[i] to dests[i] and receives the box at
+// recv_starts[i] from sources[i], both of extent extents[i] and under
+// tags[i]. A round (rounds[i], ascending) starts when the one before has
+// finished, so its boxes carry the ghost cells earlier rounds filled (the
+// corners). A box from MPI_PROC_NULL leaves the ghost cells as they are; one
+// from this rank itself is copied without MPI. Boxes are given over the
+// leading `axes` axes of the fields (3 numbers per axis and message, flat).
+template <class Memory>
+ffi::Error Halo(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                int64_t comm, int64_t axes, Ints field, Ints rounds, Ints sources, Ints dests,
+                Ints tags, Ints send_starts, Ints recv_starts, Ints extents) {
+  CallInfo info;
+  info.op = "halo_exchange";
+  info.checked = false;
+  const size_t n = field.size(), n_fields = args.size() - 1, k = static_cast<size_t>(axes);
+  bool valid = rets.size() == args.size() && axes > 0 && rounds.size() == n &&
+               sources.size() == n && dests.size() == n && tags.size() == n &&
+               send_starts.size() == n * k && recv_starts.size() == n * k &&
+               extents.size() == n * k;
+  std::vector<ffi::AnyBuffer> in;
+  std::vector<ffi::Result<ffi::AnyBuffer>> out;
+  for (size_t f = 0; valid && f < n_fields; ++f) {
+    in.push_back(*args.get<ffi::AnyBuffer>(f));
+    out.push_back(*rets.get<ffi::AnyBuffer>(f));
+  }
+  for (size_t i = 0; valid && i < n; ++i) {
+    valid = field[i] >= 0 && static_cast<size_t>(field[i]) < n_fields &&
+            in[field[i]].dimensions().size() >= k && (i == 0 || rounds[i] >= rounds[i - 1]);
+    for (size_t a = 0; valid && a < k; ++a) {
+      const int64_t dim = in[field[i]].dimensions()[a], e = extents[i * k + a];
+      valid = e >= 0 && send_starts[i * k + a] >= 0 && send_starts[i * k + a] + e <= dim &&
+              recv_starts[i * k + a] >= 0 && recv_starts[i * k + a] + e <= dim;
+    }
+  }
+  if (!valid) {
+    return ffi::Error::InvalidArgument("mpijax.halo_exchange: the boxes do not fit the fields");
+  }
+  if (n_fields) info.dtype = ElementOf(in[0].element_type()).name;
+  return Run<Memory>(
+      ctx, info, comm, [](const Comm&) { return true; },
+      [&](const Comm& c, Memory& m) {
+        std::vector<char*> data;  // each field's output, holding its input
+        for (size_t f = 0; f < n_fields; ++f) {
+          void* from = m.In(in[f]);
+          data.push_back(static_cast<char*>(m.Out(*out[f])));
+          if (data.back() != from) m.Copy(data.back(), from, in[f].size_bytes());
+        }
+        auto item = [&](size_t i) { return ffi::ByteWidth(in[field[i]].element_type()); };
+        auto box = [&](Ints starts, size_t i) { return Box{&starts[i * k], &extents[i * k], k}; };
+        auto bytes = [&](size_t i) {
+          size_t b = item(i);
+          const auto dims = in[field[i]].dimensions();
+          for (size_t a = 0; a < dims.size(); ++a) {
+            b *= static_cast<size_t>(a < k ? extents[i * k + a] : dims[a]);
+          }
+          return b;
+        };
+        // One buffer, kept from call to call: a box's packed send, then its receive.
+        thread_local std::vector<char> packed;
+        for (size_t first = 0, end; first < n; first = end) {
+          end = first;
+          size_t total = 0;
+          while (end < n && rounds[end] == rounds[first]) total += 2 * bytes(end++);
+          if (packed.size() < total) packed.resize(total);
+          std::vector<mpi::Transfer> sends, recvs;
+          std::vector<std::pair<size_t, char*>> unpack;
+          char* at = packed.data();
+          for (size_t i = first; i < end; ++i) {
+            const size_t b = bytes(i);
+            char *send = at, *recv = at + b;
+            at += 2 * b;
+            info.count += static_cast<int64_t>(b / item(i));
+            info.bytes += static_cast<int64_t>(b);
+            const bool self = sources[i] == c.rank && dests[i] == c.rank;
+            if (dests[i] != MPI_PROC_NULL) {
+              CopyBox(data[field[i]], in[field[i]].dimensions(), item(i), box(send_starts, i), send,
+                      true);
+              if (!self) {
+                sends.push_back({send, static_cast<int64_t>(b), MPI_BYTE,
+                                 static_cast<int>(dests[i]), static_cast<int>(tags[i])});
+              }
+            }
+            if (sources[i] == MPI_PROC_NULL) continue;
+            if (self) {
+              unpack.emplace_back(i, send);
+            } else {
+              recvs.push_back({recv, static_cast<int64_t>(b), MPI_BYTE,
+                               static_cast<int>(sources[i]), static_cast<int>(tags[i])});
+              unpack.emplace_back(i, recv);
+            }
+          }
+          if (int rc = Exchange(m, info, c.handle, recvs, sends)) return rc;
+          for (const auto& [i, from] : unpack) {
+            CopyBox(data[field[i]], in[field[i]].dimensions(), item(i), box(recv_starts, i), from,
+                    false);
+          }
+        }
+        return MPI_SUCCESS;
+      });
+}
+
+MPIJAX_OP(Halo, "halo_exchange",
+          P::Bind()
+              .RemainingArgs()
+              .RemainingRets()
+              .template Attr<int64_t>("comm")
+              .template Attr<int64_t>("axes")
+              .template Attr<Ints>("field")
+              .template Attr<Ints>("rounds")
+              .template Attr<Ints>("sources")
+              .template Attr<Ints>("dests")
+              .template Attr<Ints>("tags")
+              .template Attr<Ints>("send_starts")
+              .template Attr<Ints>("recv_starts")
+              .template Attr<Ints>("extents"));
 
 // Starts the messages of a neighbor_exchange (isend and irecv are its cases
 // of one message) and returns at once with the id of their Pending (a float32

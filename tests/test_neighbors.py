@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data
+from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data, np_dtype
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -172,6 +172,27 @@ def local_block(glob, c, interior, width, fill):
     return padded[index]
 
 
+def grid_case(periods, corners, width, split="rows"):
+    """A 2-D Cartesian communicator, this rank's block of a global array with
+    its ghost cells stale (a value of each rank's own), and what
+    halo_exchange must make of it: the block of the padded global array,
+    with the stale value beyond walls, and in the corners without
+    `corners`."""
+    dims = MPI.Compute_dims(SIZE, 2)
+    c = MPI.COMM_WORLD.Create_cart(dims if split == "rows" else dims[::-1], periods=list(periods))
+    dims = c.Get_topo()[0]
+    stale = -1.0 - RANK
+    glob = np.arange(np.prod(dims) * 12, dtype=np.float64).reshape(dims[0] * 4, dims[1] * 3)
+    want = local_block(glob, c, (4, 3), width, fill=stale)
+    before = want.copy()
+    before[:width], before[-width:], before[:, :width], before[:, -width:] = stale, stale, stale, stale
+    if not corners:
+        for i in (slice(0, width), slice(-width, None)):
+            for j in (slice(0, width), slice(-width, None)):
+                want[i, j] = stale
+    return c, before, want
+
+
 @checkerboard(
     periods=[(True, True), (False, False), (False, True), (True, False)],
     split=["rows", "columns"],
@@ -183,19 +204,7 @@ def test_halo_exchange_fills_ghost_cells_like_the_global_array(mode, periods, sp
     stale with a value of each rank's own, which those beyond a wall keep
     (corners too, though the corners arrive through the faces of the axes
     before theirs), as do the corners without `corners`."""
-    dims = MPI.Compute_dims(SIZE, 2)
-    c = MPI.COMM_WORLD.Create_cart(dims if split == "rows" else dims[::-1], periods=list(periods))
-    dims = c.Get_topo()[0]
-    interior = (4, 3)
-    stale = -1.0 - RANK
-    glob = np.arange(np.prod(dims) * 12, dtype=np.float64).reshape(dims[0] * 4, dims[1] * 3)
-    want = local_block(glob, c, interior, width, fill=stale)
-    before = want.copy()
-    before[:width], before[-width:], before[:, :width], before[:, -width:] = stale, stale, stale, stale
-    if not corners:
-        for i in (slice(0, width), slice(-width, None)):
-            for j in (slice(0, width), slice(-width, None)):
-                want[i, j] = stale
+    c, before, want = grid_case(periods, corners, width, split)
     got = MODES[mode](lambda x: mpijax.halo_exchange(x, c, width=width, corners=corners))(before)
     assert_equal(got, want)
     c.Free()
@@ -223,10 +232,73 @@ def test_halo_exchange_of_several_fields_in_one_call(mode, periodic):
     for k in want:
         assert_equal(got[k], want[k])
     calls = [e.primitive.name for e in jax.make_jaxpr(exchange)(before).eqns if "mpijax" in e.primitive.name]
-    # One call per axis along which another rank is a neighbour (the corners
-    # come through the faces); none along an axis this rank spans alone.
-    shared = sum(1 for axis in range(2) if {*c.Shift(axis, 1)} - {RANK, MPI.PROC_NULL})
-    assert calls == ["mpijax_neighbor_exchange"] * shared
+    # One call for all fields and axes; none where every side is a wall.
+    assert calls == ["mpijax_halo_exchange"] * (periodic or SIZE > 1)
+    c.Free()
+
+
+@checkerboard(dtype=DTYPES, shape=[(2,), (0,)])
+def test_halo_exchange_moves_every_dtype_and_trailing_shape(mode, dtype, shape):
+    """The handler packs bytes: every dtype, with trailing axes (empty too)."""
+    c, before, want = grid_case((True, False), True, 1)
+    field = lambda a: (a[..., None] * (1 + np.arange(shape[0]))).astype(np_dtype(dtype))  # noqa: E731
+    assert_equal(MODES[mode](lambda x: mpijax.halo_exchange(x, c))(field(before)), field(want))
+    c.Free()
+
+
+@checkerboard(periods=[(True, True), (False, True), (False, False)], corners=[True, False], width=[1, 2])
+def test_halo_exchange_derivatives(mode, periods, corners, width):
+    """Linear: its JVP exchanges the tangent the same way, and its VJP is its
+    adjoint: <H x, y> = <x, H^T y> summed over ranks for random x and y (H
+    itself is checked against NumPy above). An integer field rides along
+    with no derivative of its own."""
+    c, before, _ = grid_case(periods, corners, width)
+    rng = np.random.default_rng([RANK, width])
+    x, t, y = rng.normal(size=(3, *before.shape))
+    k = np.arange(before.size).reshape(before.shape) + 100 * RANK
+
+    def h(a):
+        return mpijax.halo_exchange(a, c, width=width, corners=corners)
+
+    hx, ht = MODES[mode](lambda x, t: jax.jvp(h, (x,), (t,)))(x, t)
+    assert_equal(hx, h(x))
+    assert_equal(ht, h(t))
+    (hty,) = MODES[mode](lambda x, y: jax.vjp(h, x)[1](y))(x, y)
+    world = MPI.COMM_WORLD
+    np.testing.assert_allclose(world.allreduce(np.sum(h(x) * y)), world.allreduce(np.sum(x * hty)), rtol=1e-12)
+    grad = MODES[mode](jax.grad(lambda x, k: jnp.sum(h((x, k))[0] * y) + jnp.sum(h((x, k))[1])))(x, k)
+    assert_equal(grad, hty)
+    c.Free()
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_halo_exchange_under_vmap(axis):
+    """A batch of blocks, batched at either end, beside an unbatched field:
+    each member as if exchanged alone."""
+    c, before, want = grid_case((True, False), True, 1, split="columns")
+    batch = np.stack([before + 100 * b for b in range(3)], axis)
+    wants = np.stack([want + 100 * b for b in range(3)], axis)
+    got, other = jax.jit(jax.vmap(lambda a, b: mpijax.halo_exchange((a, b), c), in_axes=(axis, None), out_axes=axis))(
+        batch, before
+    )
+    assert_equal(got, wants)
+    assert_equal(other, np.stack([want] * 3, axis))
+    c.Free()
+
+
+@pytest.mark.parametrize("periods,corners", [((True, True), True), ((False, True), False)])
+def test_the_gpu_lowering_on_the_cpu(periods, corners):
+    """On GPUs halo_exchange lowers to slices and a neighbor_exchange per
+    round (neighbors._by_slices): the same ghost cells, checked here."""
+    from mpijax._src import comm as comms
+    from mpijax._src.ops import neighbors
+
+    c, before, want = grid_case(periods, corners, 2)
+    faces = mpijax.cart_neighbors(c, corners=False)
+    plan = neighbors._plan(c, faces, [before.shape], 2, corners)
+    params = dict(comm=comms.resolve(c, "test").id, axes=2, **plan)
+    (got,) = jax.jit(lambda x: neighbors._by_slices(x, **params))(before)
+    assert_equal(got, want)
     c.Free()
 
 

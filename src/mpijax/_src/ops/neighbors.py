@@ -9,7 +9,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.interpreters import ad
+from jax.interpreters import ad, mlir
 from mpi4py import MPI
 
 from .. import comm as _comm
@@ -229,22 +229,22 @@ def halo_exchange(x, comm, *, width=1, corners=True):
 
     The first comm.ndim axes of `x` are the decomposed ones; along each, `x`
     holds `width` ghost cells on both sides of this rank's interior. Without
-    `corners`, the faces move in one neighbor_exchange. With `corners` (9-
+    `corners`, the faces move in one round of messages. With `corners` (9-
     and 27-point stencils need the diagonal neighbours' cells), the faces move
     one axis after the other, each carrying the ghost cells the axes before
     it filled, so the edges and corners arrive too: 2 messages per axis
     instead of 3**ndim - 1 at once. Ghost cells beyond a non-periodic edge keep
     their values (boundary conditions). `x` may be a pytree of such arrays
-    (the fields of a model): they move together, in the same calls. Ghost
-    cells a rank fills from itself (alone along a periodic axis) are copied
-    without MPI."""
+    (the fields of a model): they move together, in one call. On the CPU the
+    call works in place: it packs the strips straight from the arrays and
+    unpacks the ghost cells into them, and copies without MPI the ghost cells
+    a rank fills from itself (alone along a periodic axis)."""
     op = "halo_exchange"
-    faces = cart_neighbors(comm, corners=False)
     fields, structure = jax.tree.flatten(x)
     fields = [dtypes.array(field, op) for field in fields]
     width = validation.static_int(width, "width", op)
-    dims, periods, coords = comm.Get_topo()
-    ndim = len(dims)
+    faces = cart_neighbors(comm, corners=False)
+    ndim = comm.Get_dim()
     for field in fields:
         if width < 1 or field.ndim < ndim or any(n < 3 * width for n in field.shape[:ndim]):
             raise ValueError(
@@ -252,75 +252,149 @@ def halo_exchange(x, comm, *, width=1, corners=True):
                 f"its first {ndim} axes, the decomposed ones, with width >= 1; got shape {field.shape} and width "
                 f"{width}"
             )
+    plan = _plan(comm, faces, [f.shape[:ndim] for f in fields], width, corners)
+    if not plan["field"]:
+        return structure.unflatten(fields)
+    return structure.unflatten(halo_p.bind(*fields, comm=_comm.resolve(comm, op).id, axes=ndim, **plan))
+
+
+def _plan(comm, faces, shapes, width, corners):
+    """halo_p's messages: each field's strip in each face direction, in one
+    round, or with `corners` in one round per axis, whose strips reach into
+    the ghost cells of the axes before (not beyond a wall: those stay)."""
+    dims, periods, coords = comm.Get_topo()
+    ndim = len(dims)
     axis_of = [next(a for a, d in enumerate(offset) if d) for offset in faces.offsets]
-    interior = slice(width, -width)
-    if not corners:
-        return structure.unflatten(_exchange_faces(fields, comm, faces, range(len(axis_of)), [interior] * ndim, width))
-    for axis in range(ndim):
-        # Along the axes done before, strips reach into the ghost cells, but
-        # not beyond a wall: those ghosts stay as they are.
-        spans = [
-            slice(0 if periodic or c > 0 else width, None if periodic or c < d - 1 else -width)
-            if a < axis
-            else interior
-            for a, (d, periodic, c) in enumerate(zip(dims, periods, coords, strict=True))
-        ]
-        directions = [i for i, a in enumerate(axis_of) if a == axis]
-        fields = _exchange_faces(fields, comm, faces, directions, spans, width)
-    return structure.unflatten(fields)
+    plan = {key: [] for key in ("field", "rounds", "sources", "dests", "tags", "send_starts", "recv_starts", "extents")}
+    for r in range(ndim) if corners else [None]:
+        for k, shape in enumerate(shapes):
+            for i, offset in enumerate(faces.offsets):
+                if r is not None and axis_of[i] != r or faces.sources[i] == faces.dests[i] == MPI.PROC_NULL:
+                    continue
+                for a, (d, n, periodic, c, o) in enumerate(zip(dims, shape, periods, coords, offset, strict=True)):
+                    if o:  # the interior cells next to that side go; the ghosts on the other side fill
+                        send, recv, extent = (n - 2 * width if o > 0 else width), (0 if o > 0 else n - width), width
+                    elif r is not None and a < r:
+                        send = recv = 0 if periodic or c > 0 else width
+                        extent = (n if periodic or c < d - 1 else n - width) - send
+                    else:
+                        send, recv, extent = width, width, n - 2 * width
+                    plan["send_starts"].append(send)
+                    plan["recv_starts"].append(recv)
+                    plan["extents"].append(extent)
+                plan["field"].append(k)
+                plan["rounds"].append(r or 0)
+                plan["sources"].append(faces.sources[i])
+                plan["dests"].append(faces.dests[i])
+                plan["tags"].append(k * len(faces.offsets) + i)
+    return {key: tuple(values) for key, values in plan.items()}
 
 
-def _exchange_faces(fields, comm, faces, directions, spans, width):
-    """One round of halo_exchange: every field's strips in `directions` (of
-    faces), as one neighbor_exchange, and copies for those to oneself."""
-    me = comm.Get_rank()
-    nowhere, oneself = (MPI.PROC_NULL, MPI.PROC_NULL), (me, me)
+def _box(p, i, starts):
+    k = p["axes"]
+    at = slice(i * k, (i + 1) * k)
+    return tuple(slice(s, s + e) for s, e in zip(p[starts][at], p["extents"][at], strict=True))
 
-    def strip(i, sending):
-        return _strips(faces.offsets[i], spans, width, sending)
 
-    messages, copies = [], []
-    for k in range(len(fields)):
-        for i in directions:
-            pair = (faces.sources[i], faces.dests[i])
-            if pair == oneself:
-                copies.append((k, i))
-            elif pair != nowhere:  # message (k, i): field k in direction i, tagged apart from every other
-                messages.append((k, i))
+def _rounds(p):
+    """The messages of each round, in order."""
+    return [list(g) for _, g in itertools.groupby(range(len(p["field"])), key=lambda i: p["rounds"][i])]
+
+
+def _exchange_boxes(xs, p, msgs, take, backwards):
+    """One round of messages by neighbor_exchange: box `take` of each field
+    goes out (to the source, backwards), and what arrives has its shape;
+    returns what each message received (None from nowhere)."""
+    sources, dests = (p["dests"], p["sources"]) if backwards else (p["sources"], p["dests"])
     sends, recvs = [], []
-    for k, i in messages:
-        # At a wall one side of a message is MPI.PROC_NULL: it moves nothing,
-        # so it is given nothing to slice, copy or zero.
-        nothing = jax.ShapeDtypeStruct((0,), fields[k].dtype)
-        part = fields[k][strip(i, True)]
-        sends.append(part if faces.dests[i] != MPI.PROC_NULL else jnp.zeros(0, nothing.dtype))
-        recvs.append(part if faces.sources[i] != MPI.PROC_NULL else nothing)
-    received = neighbor_exchange(
-        sends,
-        [faces.sources[i] for _, i in messages],
-        [faces.dests[i] for _, i in messages],
-        recvs=recvs,
-        tags=[k * len(faces.offsets) + i for k, i in messages],
-        comm=comm,
+    for i in msgs:
+        x = xs[p["field"][i]]
+        part = x[_box(p, i, take)]
+        sends.append(part if dests[i] != MPI.PROC_NULL else jnp.zeros(0, x.dtype))
+        recvs.append((part.shape if sources[i] != MPI.PROC_NULL else (0,), np.dtype(x.dtype)))
+    got = exchange_p.bind(
+        *sends,
+        comm=p["comm"],
+        sources=tuple(sources[i] for i in msgs),
+        recvtags=tuple(p["tags"][i] for i in msgs),
+        dests=tuple(dests[i] for i in msgs),
+        sendtags=tuple(p["tags"][i] for i in msgs),
+        recvs=tuple(recvs),
     )
-    received += [fields[k][strip(i, True)] for k, i in copies]
-    for (k, i), ghost in zip(messages + copies, received, strict=True):
-        if faces.sources[i] != MPI.PROC_NULL:
-            fields[k] = fields[k].at[strip(i, False)].set(ghost)
-    return fields
+    return [g if sources[i] != MPI.PROC_NULL else None for i, g in zip(msgs, got, strict=True)]
 
 
-def _strips(offset, spans, width, sending):
-    """The index of what goes in direction `offset` (a face: one axis): the
-    interior cells next to that side (sending), or the ghost cells on the
-    opposite side, where the neighbour's strip lands (receiving); across the
-    other axes, `spans`."""
-    index = []
-    for d, span in zip(offset, spans, strict=True):
-        if d == 0:
-            index.append(span)
-        elif sending:
-            index.append(slice(-2 * width, -width) if d > 0 else slice(width, 2 * width))
-        else:
-            index.append(slice(0, width) if d > 0 else slice(-width, None))
-    return tuple(index)
+def _by_slices(*xs, **p):
+    """halo_p as XLA slices of the fields and a neighbor_exchange of the
+    strips per round: its lowering on GPUs, where only the strips, not the
+    fields, should cross to the host (staged mode)."""
+    xs = list(xs)
+    for msgs in _rounds(p):
+        for i, got in zip(msgs, _exchange_boxes(xs, p, msgs, "send_starts", False), strict=True):
+            if got is not None:
+                xs[p["field"][i]] = xs[p["field"][i]].at[_box(p, i, "recv_starts")].set(got)
+    return xs
+
+
+def _restricted(p, keep):
+    """p for the fields in `keep` alone (renumbered), under derivative tags."""
+    msgs = [i for i, f in enumerate(p["field"]) if f in keep]
+    k = p["axes"]
+    out = {key: tuple(p[key][i] for i in msgs) for key in ("rounds", "sources", "dests")}
+    out["field"] = tuple(keep.index(p["field"][i]) for i in msgs)
+    out["tags"] = tuple(core.derivative_tag(p["tags"][i]) for i in msgs)
+    for key in ("send_starts", "recv_starts", "extents"):
+        out[key] = tuple(v for i in msgs for v in p[key][i * k : (i + 1) * k])
+    return dict(p, **out)
+
+
+def _halo_jvp(prim, primals, tangents, **p):
+    """Linear: the floating-point fields' tangents move the same way."""
+    outs = prim.bind_primal(*primals, **p)
+    keep = [f for f, x in enumerate(primals) if _inexact(x.dtype)]
+    out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
+    if keep:
+        moved = prim.bind(*[ad.instantiate_zeros(tangents[f]) for f in keep], **_restricted(p, keep))
+        for f, t in zip(keep, moved, strict=True):
+            out_tangents[f] = t
+    return outs, out_tangents
+
+
+def _halo_transpose(cts, *xs, **p):
+    """The rounds backwards, each reversed: the ghost cells' cotangents go
+    back to where they came from and add to the strips sent there; the
+    ghost cells a message filled get none of their own."""
+    avals = [x.aval if ad.is_undefined_primal(x) else jax.typeof(x) for x in xs]
+    keep = [f for f, a in enumerate(avals) if _inexact(a.dtype)]
+    p = _restricted(p, keep)
+    ct = [jnp.asarray(cotangent(cts[f])) for f in keep]
+    for msgs in reversed(_rounds(p)):
+        got = _exchange_boxes(ct, p, msgs, "recv_starts", True)
+        for i in msgs:
+            if p["sources"][i] != MPI.PROC_NULL:
+                ct[p["field"][i]] = ct[p["field"][i]].at[_box(p, i, "recv_starts")].set(0)
+        for i, g in zip(msgs, got, strict=True):
+            if g is not None:
+                ct[p["field"][i]] = ct[p["field"][i]].at[_box(p, i, "send_starts")].add(g)
+    results = [None] * len(xs)
+    for f, c in zip(keep, ct, strict=True):
+        results[f] = c
+    return results
+
+
+def _halo_batch(prim, args, dims, **p):
+    """The batch axis last in every field: the boxes take it whole."""
+    xs = batch_operands(args, dims, [-1] * len(args))
+    outs = prim.bind(*xs, **p)
+    return outs, [y.ndim - 1 for y in outs]
+
+
+halo_p = mpi_primitive(
+    "halo_exchange",
+    lambda *xs, **p: list(xs),
+    lambda *xs, **p: {f: f for f in range(len(xs))},
+    jvp=_halo_jvp,
+    transpose=_halo_transpose,
+    batch=_halo_batch,
+)
+mlir.register_lowering(halo_p, mlir.lower_fun(_by_slices, multiple_results=True), platform="cuda")
