@@ -1,11 +1,21 @@
-"""mpijax on an NVIDIA GPU: every op, eager and jit, with jvp, vjp and vmap,
-gives on device arrays what it gives on host arrays (which the rest of the
-suite checks against NumPy and finite differences), staged through pinned host
-memory and, where the MPI library moves device memory, CUDA-aware. Run by
-scripts/gpu_check.sh at 2 ranks sharing one GPU; skipped where JAX sees none."""
+"""mpijax on an NVIDIA GPU: every op that moves data, eager and jit, over
+every dtype, with jvp, vjp and vmap, and in messages of 8 MiB and 256 MiB,
+on arrays that live on the GPU, against NumPy references computed from every
+rank's input (derivatives against central differences in float64, as in
+test_autodiff.py); staged through pinned host memory and, where the MPI
+library moves device memory, CUDA-aware. Run by scripts/gpu_check.sh at 2
+ranks sharing one GPU; skipped where JAX sees none.
 
+MPIJAX_GPU_TESTS_ON=cpu runs the module on the CPU device instead, staged mode
+only (CUDA-aware needs a GPU), for checking the tests themselves where no GPU
+is."""
+
+import math
+import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,17 +26,40 @@ from mpi4py import MPI
 import mpijax
 from mpijax._src.runtime import core
 
-from reference import BIG, DTYPES, MODES, RANK, SIZE, all_data, assert_equal, fresh_job_env
-from test_autodiff import CASES, cotangents, inputs
+from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data, fresh_job_env, np_dtype
+from test_autodiff import (
+    CASES,
+    COUNTS,
+    OFFSETS,
+    SENDS,
+    _rows_to,
+    assert_close,
+    cotangents,
+    fd_tangents,
+    fold,
+    inputs,
+    pairing,
+    ring,
+)
 
-GPUS = [d for d in jax.devices() if d.platform == "gpu"]
-if not GPUS:
-    pytest.skip("needs an NVIDIA GPU: scripts/gpu_check.sh runs these on one", allow_module_level=True)
-CPU = jax.devices("cpu")[0]
+PLATFORM = os.environ.get("MPIJAX_GPU_TESTS_ON", "gpu")
+try:
+    DEVICE = jax.devices(PLATFORM)[0]
+except RuntimeError:
+    pytest.skip(
+        "needs an NVIDIA GPU: scripts/gpu_check.sh runs these on one (MPIJAX_GPU_TESTS_ON=cpu: on the CPU)",
+        allow_module_level=True,
+    )
+
+# A derivative that waits for a message that never comes fails, not hangs.
+pytestmark = pytest.mark.usefixtures("watchdog")
+gpu_only = pytest.mark.skipif(PLATFORM != "gpu", reason="MPIJAX_GPU_TESTS_ON=cpu: needs a GPU")
 NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+ROOT = SIZE - 1  # not 0 where there are two ranks: MPICH's reduce feeds such a root from a copy
+CART = MPI.COMM_WORLD.Create_cart([SIZE], periods=[True])  # ranks as in COMM_WORLD (no reordering)
 
 
-@pytest.fixture(params=["staged", "cuda-aware"])
+@pytest.fixture(params=["staged", "cuda-aware"] if PLATFORM == "gpu" else ["staged"])
 def memory(request):
     """Both memory policies of the CUDA handlers."""
     if request.param == "cuda-aware":
@@ -38,25 +71,253 @@ def memory(request):
     mpijax.set_cuda_aware(False)
 
 
-def on(device, f, *args):
-    """f's result, run on `device` (inputs placed there), as NumPy arrays."""
-    with jax.default_device(device):
-        out = f(*[jax.device_put(a, device) for a in args])
-        return jax.tree.map(np.asarray, jax.block_until_ready(out))
+def run(f, *args):
+    """f's result with its inputs, and whatever it creates, on DEVICE, as
+    NumPy arrays; every output must be there (not fall back to the host)."""
+    with jax.default_device(DEVICE):
+        out = jax.block_until_ready(f(*jax.device_put(args, DEVICE)))
+    for leaf in jax.tree.leaves(out):
+        assert {d.platform for d in leaf.devices()} == {PLATFORM}, leaf.devices()
+    return jax.tree.map(np.asarray, out)
 
 
-def same_on_gpu_and_cpu(f, *args, atol=0.0):
-    """MPI moves the same bytes on both; the arithmetic around it may round
-    differently (cuBLAS, FMA contraction), by far less than atol where given."""
-    gpu, cpu = on(GPUS[0], f, *args), on(CPU, f, *args)
-    jax.tree.map(lambda g, c: np.testing.assert_allclose(g, c, rtol=1e-12, atol=atol), gpu, cpu)
-    return gpu
+class Spec(NamedTuple):
+    """An op: this rank's input shape (from the shape of one row), its call
+    with a reduction defined on the dtype, and this rank's result in NumPy
+    from every rank's input and the reduction's NumPy function."""
+
+    shape: Callable  # (rank, row) -> shape
+    call: Callable  # (x, comm, mpi_op) -> result
+    want: Callable  # (xs, np_op) -> this rank's result
 
 
+def same(rank, row):
+    return row
+
+
+def rows(n):
+    """n(rank) rows on each rank."""
+    return lambda rank, row: (n(rank), *row)
+
+
+def irecv_isend(x, comm):
+    received = mpijax.irecv(jnp.zeros_like(x), PREV, comm=comm)
+    return mpijax.wait([received, mpijax.isend(x, NEXT, comm=comm)])[0]
+
+
+def halo(xs):
+    """The 1-d periodic block with its ghost rows from the neighbours."""
+    x = xs[RANK].copy()
+    x[0], x[-1] = xs[PREV][-2], xs[NEXT][1]
+    return x
+
+
+SPECS = {
+    "allreduce": Spec(same, lambda x, c, op: mpijax.allreduce(x, op, comm=c), lambda xs, f: fold(f, xs)),
+    "reduce": Spec(
+        same,
+        lambda x, c, op: mpijax.reduce(x, op, ROOT, comm=c),
+        lambda xs, f: fold(f, xs) if RANK == ROOT else xs[RANK],
+    ),
+    "scan": Spec(same, lambda x, c, op: mpijax.scan(x, op, comm=c), lambda xs, f: fold(f, xs[: RANK + 1])),
+    "exscan": Spec(
+        same,
+        lambda x, c, op: mpijax.exscan(x, op, comm=c),
+        lambda xs, f: fold(f, xs[:RANK]) if RANK else np.zeros_like(xs[0]),  # SUM's and LOR's identity
+    ),
+    "reduce_scatter": Spec(
+        rows(lambda r: SIZE),
+        lambda x, c, op: mpijax.reduce_scatter(x, op, comm=c),
+        lambda xs, f: fold(f, [x[RANK] for x in xs]),
+    ),
+    "tree_allreduce": Spec(
+        same,
+        lambda x, c, op: mpijax.tree_allreduce({"a": x, "b": jnp.flip(x)}, op, comm=c),
+        lambda xs, f: {"a": fold(f, xs), "b": np.flip(fold(f, xs))},
+    ),
+    "bcast": Spec(same, lambda x, c, op: mpijax.bcast(x, ROOT, comm=c), lambda xs, f: xs[ROOT]),
+    "gather": Spec(
+        same,
+        lambda x, c, op: mpijax.gather(x, ROOT, comm=c),
+        lambda xs, f: np.stack(xs) if RANK == ROOT else xs[RANK],
+    ),
+    "scatter": Spec(
+        lambda rank, row: (SIZE, *row) if rank == ROOT else row,
+        lambda x, c, op: mpijax.scatter(x, ROOT, comm=c),
+        lambda xs, f: xs[ROOT][RANK],
+    ),
+    "allgather": Spec(same, lambda x, c, op: mpijax.allgather(x, comm=c), lambda xs, f: np.stack(xs)),
+    "alltoall": Spec(
+        rows(lambda r: SIZE),
+        lambda x, c, op: mpijax.alltoall(x, comm=c),
+        lambda xs, f: np.stack([x[RANK] for x in xs]),
+    ),
+    "allgatherv": Spec(
+        rows(lambda r: COUNTS[r]),
+        lambda x, c, op: mpijax.allgatherv(x, COUNTS, comm=c),
+        lambda xs, f: np.concatenate(xs),
+    ),
+    "gatherv": Spec(
+        rows(lambda r: COUNTS[r]),
+        lambda x, c, op: mpijax.gatherv(x, COUNTS, ROOT, comm=c),
+        lambda xs, f: np.concatenate(xs) if RANK == ROOT else xs[RANK],
+    ),
+    "scatterv": Spec(
+        rows(lambda r: sum(COUNTS) if r == ROOT else COUNTS[r]),
+        lambda x, c, op: mpijax.scatterv(x, COUNTS, ROOT, comm=c),
+        lambda xs, f: xs[ROOT][OFFSETS[RANK] : OFFSETS[RANK + 1]],
+    ),
+    "alltoallv": Spec(
+        rows(lambda r: sum(SENDS[r])),
+        lambda x, c, op: mpijax.alltoallv(x, SENDS[RANK], [s[RANK] for s in SENDS], comm=c),
+        lambda xs, f: _rows_to(xs, RANK),
+    ),
+    "sendrecv": Spec(same, lambda x, c, op: mpijax.sendrecv(x, x, PREV, NEXT, comm=c), lambda xs, f: xs[PREV]),
+    "send-recv": Spec(same, lambda x, c, op: ring(x, c), lambda xs, f: xs[PREV]),
+    "isend-irecv": Spec(same, lambda x, c, op: irecv_isend(x, c), lambda xs, f: xs[PREV]),
+    # The message to oneself is copied without MPI.
+    "neighbor_exchange": Spec(
+        same,
+        lambda x, c, op: mpijax.neighbor_exchange([x, jnp.flip(x), x], [PREV, NEXT, RANK], [NEXT, PREV, RANK], comm=c),
+        lambda xs, f: [xs[PREV], np.flip(xs[NEXT]), xs[RANK]],
+    ),
+    "ineighbor_exchange": Spec(
+        same,
+        lambda x, c, op: mpijax.wait(mpijax.ineighbor_exchange([x, jnp.flip(x)], [PREV, NEXT], [NEXT, PREV], comm=c)),
+        lambda xs, f: [xs[PREV], np.flip(xs[NEXT])],
+    ),
+    "halo_exchange": Spec(rows(lambda r: 4), lambda x, c, op: mpijax.halo_exchange(x, CART), lambda xs, f: halo(xs)),
+}
+
+
+def reduction(dtype):
+    """One defined on every dtype (the MPI standard leaves sums of bools out)."""
+    return (MPI.LOR, np.logical_or) if dtype == "bool" else (MPI.SUM, np.add)
+
+
+def assert_same(actual, expected):
+    """assert_equal, but without the copies NumPy's assertion makes (GiBs,
+    at 256 MiB per rank) where the arrays are equal."""
+    if actual.shape != expected.shape or actual.dtype != expected.dtype or not np.array_equal(actual, expected):
+        assert_equal(actual, expected)
+
+
+def check(comm, mode, name, dtype, row):
+    spec = SPECS[name]
+    xs = [data(spec.shape(r, row), dtype, r) for r in range(SIZE)]
+    mpi_op, np_op = reduction(dtype)
+    want, mine = spec.want(xs, np_op), xs[RANK]
+    del xs  # the other ranks' inputs: host memory, with 256 MiB each
+    jax.tree.map(assert_same, run(MODES[mode](lambda x: spec.call(x, comm, mpi_op)), mine), want)
+
+
+@checkerboard(name=list(SPECS), dtype=DTYPES)
+def test_every_op_and_dtype(comm, memory, mode, name, dtype):
+    """Each op over every dtype, each op and each dtype both eager and jitted."""
+    check(comm, mode, name, dtype, row=(3, 2))
+
+
+@checkerboard(name=list(SPECS), row=[(), (0,)])
+def test_scalar_and_empty_rows(comm, memory, mode, name, row):
+    """Empty arrays have no device memory to point MPI at."""
+    check(comm, mode, name, "float32", row)
+
+
+# Every path a message takes: reductions (in place), rooted, replicated,
+# per-peer blocks, point to point; 8 MiB over every dtype, 256 MiB in one.
+LARGE = [(BIG, dtype) for dtype in DTYPES] + [(32 * BIG, "float32")]
+
+
+@checkerboard(**{"nbytes,dtype": LARGE}, name=["allreduce", "reduce", "bcast", "allgather", "alltoall", "sendrecv"])
+def test_large_messages(comm, memory, mode, nbytes, dtype, name):
+    """Each rank's input is nbytes: far above any eager (rendezvous) limit;
+    at 256 MiB the pinned staging memory also grows far past what the other
+    tests left it."""
+    blocks = math.prod(SPECS[name].shape(RANK, (1,)))  # the same on every rank for these ops
+    check(comm, mode, name, dtype, row=(nbytes // np_dtype(dtype).itemsize // blocks,))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_barrier(comm, memory, mode):
+    """A barrier between device computations, returning nothing."""
+    xs = [data((3,), "float32", r) for r in range(SIZE)]
+
+    def program(x):
+        assert mpijax.barrier(comm=comm) is None
+        return mpijax.allreduce(x, MPI.SUM, comm=comm)
+
+    assert_equal(run(MODES[mode](program), xs[RANK]), fold(np.add, xs))
+
+
+def pulled_back(case, xs, ws):
+    """J^T w on this rank, entry by entry: the global pairing of the
+    cotangents with the central differences of every rank's result, where
+    only this rank's input moves, along one basis vector."""
+    x = xs[RANK]
+    moved = [
+        [np.eye(x.size)[j].reshape(x.shape) if r == RANK else 0 * y for r, y in enumerate(xs)] for j in range(x.size)
+    ]
+    return np.reshape([pairing(case, ws, fd_tangents(case, xs, vs)) for vs in moved], x.shape)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_every_op_value_jvp_and_vjp(comm, memory, case, mode):
+    """In float64 (test_autodiff's cases): y against NumPy, jvp and vjp
+    against central differences of NumPy's global function."""
+    xs, vs, ws = inputs(case), inputs(case, "v"), cotangents(case)
+
+    def program(x, v, w):
+        y, ydot = jax.jvp(lambda x: case.call(x, comm), (x,), (v,))
+        _, pullback = jax.vjp(lambda x: case.call(x, comm), x)
+        return y, ydot, pullback(w)[0]
+
+    y, ydot, xbar = run(MODES[mode](program), xs[RANK], vs[RANK], ws[RANK])
+    assert_close(y, case.reference(xs)[RANK], rtol=1e-12)
+    assert_close(ydot, fd_tangents(case, xs, vs)[RANK])
+    assert_close(xbar, pulled_back(case, xs, ws))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_every_op_under_vmap(comm, memory, case, mode):
+    batch = [inputs(case, f"batch{b}") for b in range(3)]
+    got = run(MODES[mode](jax.vmap(lambda x: case.call(x, comm))), np.stack([b[RANK] for b in batch]))
+    assert_close(got, np.stack([case.reference(b)[RANK] for b in batch]), rtol=1e-12)
+
+
+def test_grad_of_a_jitted_training_step(comm, memory):
+    """A data-parallel step with matmuls around the MPI call: the gradient of
+    the loss summed over ranks (a replicated result, counted once) in this
+    rank's weights is that of this rank's own loss."""
+    rng = np.random.default_rng(RANK)
+    w, x = rng.normal(size=(8, 4)), rng.normal(size=(16, 8))
+
+    @jax.jit
+    def step(w, x):
+        loss = lambda w: mpijax.allreduce(jnp.sum(jnp.tanh(x @ w) ** 2), MPI.SUM, comm=comm)  # noqa: E731
+        return jax.grad(loss)(w)
+
+    t = np.tanh(x @ w)
+    assert_close(run(step, w, x), x.T @ (2 * t * (1 - t**2)), rtol=1e-10)
+
+
+@gpu_only
 def test_the_build_has_cuda_handlers():
     assert mpijax.has_cuda_support()
 
 
+def test_cuda_aware_mode_is_refused_where_the_mpi_cannot_move_device_memory(comm):
+    """Refused on every rank alike, and the ops go on, staged."""
+    if not mpijax.has_cuda_support() or core.cuda_aware_mpi() != 0:
+        pytest.skip("needs CUDA handlers and an MPI that says it cannot move device memory")
+    with pytest.raises(RuntimeError, match="says it cannot move device memory"):
+        mpijax.set_cuda_aware(True)
+    assert not core.cuda_aware()
+    check(comm, "jit", "sendrecv", "float32", row=(3,))
+
+
+@gpu_only
 def test_bind_local_gpu_before_jax_starts():
     """In a job of its own (one rank), the helper binds the node's first GPU,
     JAX then sees that one alone, and an allreduce runs on it."""
@@ -71,73 +332,3 @@ def test_bind_local_gpu_before_jax_starts():
     gpu, devices, placed, values = result.stdout.strip().splitlines()[-1].split(" ", 3)
     assert (gpu, devices, values) == ("0", "1", "[0.0, 1.0, 2.0]")
     assert "cuda" in placed.lower() or "gpu" in placed.lower(), placed
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("case", CASES, ids=repr)
-def test_every_op_value_jvp_and_vjp(comm, memory, case, mode):
-    """Each op and its derivatives, on the GPU and on the host."""
-    x, v = inputs(case)[RANK], inputs(case, "v")[RANK]
-    w = cotangents(case)[RANK]
-
-    def program(x, v, w):
-        y, ydot = jax.jvp(lambda x: case.call(x, comm), (x,), (v,))
-        _, pullback = jax.vjp(lambda x: case.call(x, comm), x)
-        return y, ydot, pullback(w)[0]
-
-    same_on_gpu_and_cpu(MODES[mode](program), x, v, w)
-
-
-@pytest.mark.parametrize("case", CASES, ids=repr)
-def test_every_op_under_vmap(comm, memory, case):
-    xs = np.stack([inputs(case, f"batch{b}")[RANK] for b in range(3)])
-    same_on_gpu_and_cpu(jax.jit(jax.vmap(lambda x: case.call(x, comm))), xs)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(), (0,), (4, 2)])
-def test_dtypes_and_shapes(comm, memory, mode, dtype, shape):
-    """Data movement and a reduction over every dtype: the same bytes as on the host."""
-    xs = all_data(shape, dtype)
-    op = MPI.LOR if dtype == "bool" else MPI.SUM
-
-    def program(x):
-        return (
-            mpijax.allreduce(x, op, comm=comm),
-            mpijax.bcast(x, SIZE - 1, comm=comm),
-            mpijax.allgather(x, comm=comm),
-            mpijax.sendrecv(x, x, PREV, NEXT, comm=comm),
-        )
-
-    out = on(GPUS[0], MODES[mode](program), xs[RANK])
-    assert_equal(out[1], xs[SIZE - 1])
-    assert_equal(out[2], np.stack(xs))
-    assert_equal(out[3], xs[PREV])
-    assert_equal(out[0], on(CPU, MODES[mode](program), xs[RANK])[0])
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_8MiB_in_and_out_of_place(comm, memory, mode):
-    """Large messages, in place (reductions) and not (gather), twice in a row
-    so that the pinned buffers are reused."""
-    x = jnp.arange(BIG // 4, dtype=jnp.float32) + RANK
-
-    def program(x):
-        total = mpijax.allreduce(x, MPI.SUM, comm=comm)
-        return total, mpijax.gather(total + x, 0, comm=comm), mpijax.sendrecv(x, x, PREV, NEXT, comm=comm)
-
-    for _ in range(2):
-        same_on_gpu_and_cpu(MODES[mode](program), x)
-
-
-def test_grad_of_a_jitted_training_step(comm, memory):
-    """A data-parallel step: the gradient of a loss summed over ranks."""
-
-    @jax.jit
-    def step(w, x):
-        loss = lambda w: mpijax.allreduce(jnp.sum(jnp.tanh(x @ w) ** 2), MPI.SUM, comm=comm)  # noqa: E731
-        return jax.grad(loss)(w)
-
-    rng = np.random.default_rng(RANK)
-    same_on_gpu_and_cpu(step, rng.normal(size=(8, 4)), rng.normal(size=(16, 8)), atol=1e-10)
