@@ -94,12 +94,15 @@ void SetCudaAware(bool enabled) { cuda_aware.store(enabled, std::memory_order_re
 CudaMemory::CudaMemory(cudaStream_t stream, bool host_access)
     : stream_(stream), staged_(host_access || !CudaAware()) {
   // Kernels queued before this call may still be producing its inputs or
-  // using the memory of its outputs.
-  if (!Check(cudaStreamSynchronize(stream_), "synchronising XLA's stream")) return;
-  if (staged_) {
-    arena_lock_ = std::unique_lock<std::mutex>(TheArena().mutex());
-    Check(TheArena().Begin(), "waiting for the previous call's copies to the device");
+  // using the memory of its outputs. Staged, the copies queued on the stream
+  // wait for them (and an input's copy is waited for before MPI reads it);
+  // MPI moving device memory itself must wait here.
+  if (!staged_) {
+    Check(cudaStreamSynchronize(stream_), "synchronising XLA's stream");
+    return;
   }
+  arena_lock_ = std::unique_lock<std::mutex>(TheArena().mutex());
+  Check(TheArena().Begin(), "waiting for the previous call's copies to the device");
 }
 
 CudaMemory::~CudaMemory() = default;

@@ -1,17 +1,20 @@
 // The memory policy of the CUDA handlers (see memory.h).
 //
 // Staged (the default): the handler runs on the host while XLA's stream may
-// still be working on the buffers, so the policy first synchronises that
-// stream; inputs are then copied to pinned host memory, MPI works there, and
-// outputs go back with copies queued on XLA's stream. The pinned memory is one
+// still be working on the buffers. Each input is copied to pinned host memory
+// by a copy queued on that stream, so it follows the kernels that produce the
+// input, and the policy waits for the copy before MPI reads it; MPI works in
+// host memory, and outputs go back with copies queued on the stream, after
+// the kernels that still use their memory. So a staged call waits for the
+// stream once per input and not at all without one. The pinned memory is one
 // arena reused by every call (grown on demand, never allocated per call);
 // before handing it out again the policy waits for the previous call's copies
 // back.
 //
-// CUDA-aware (MPIJAX_CUDA_AWARE=1): after the same synchronisation, views are
-// the device buffers themselves and MPI moves device memory. A call that needs
-// host access to its data (accumulating transposes, messages to oneself) is
-// staged all the same.
+// CUDA-aware (MPIJAX_CUDA_AWARE=1): the policy synchronises the stream first,
+// then views are the device buffers themselves and MPI moves device memory. A
+// call that needs host access to its data (accumulating transposes, messages
+// to oneself) is staged all the same.
 #pragma once
 
 #include <cuda_runtime_api.h>

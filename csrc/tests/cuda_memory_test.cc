@@ -85,6 +85,25 @@ TEST_F(CudaMemoryTest, InputsCopiedInOnceOutputsCopiedBack) {
   EXPECT_EQ(x.data(), (std::vector<float>{0, 1, 2, 3}));
 }
 
+// The copies queued on XLA's stream follow its kernels: a staged call waits
+// for the stream only for an input's copy, before MPI reads it.
+TEST_F(CudaMemoryTest, StagedCallsWaitForTheStreamOncePerInput) {
+  DeviceBuffer x(4), y(4), z(4);
+  auto xb = x.buffer(), yb = y.buffer(), zb = z.buffer();
+  const auto syncs = [](auto call) {
+    fake_cudart::Reset();
+    CudaMemory m(Stream(), false);
+    call(m);
+    m.Finish();
+    EXPECT_EQ(m.error(), "");
+    return fake_cudart::counts().stream_syncs;
+  };
+  EXPECT_EQ(syncs([&](CudaMemory& m) { m.Out(zb); }), 0) << "a receive";
+  EXPECT_EQ(syncs([&](CudaMemory& m) { m.Out(zb), m.In(xb); }), 1) << "a sendrecv";
+  EXPECT_EQ(syncs([&](CudaMemory& m) { m.In(xb), m.In(yb), m.Out(zb); }), 2);
+  EXPECT_EQ(syncs([&](CudaMemory& m) { m.In(xb), m.Out(xb); }), 1) << "in place";
+}
+
 TEST_F(CudaMemoryTest, ArenaReusedAcrossCallsAndGrownOnDemand) {
   DeviceBuffer small(1000), big(100000);
   auto sb = small.buffer(), bb = big.buffer();
