@@ -139,9 +139,11 @@ def test_cuda_aware_mode_needs_an_mpi_that_moves_device_memory():
         with pytest.raises(RuntimeError, match="no CUDA handlers"):
             mpijax.set_cuda_aware(True)
     elif core.cuda_aware_mpi() == 0:
-        with pytest.raises(RuntimeError, match="says it cannot move device memory"):
+        with pytest.raises(RuntimeError, match="says it cannot move device memory") as refused:
             mpijax.set_cuda_aware(True)
         assert not core.cuda_aware()
+        assert MPI.Get_library_version().replace("\0", "").splitlines()[0] in str(refused.value)
+        assert "\0" not in str(refused.value)
     else:
         pytest.skip("this MPI library is CUDA-aware: tests/test_gpu.py uses the mode")
     mpijax.set_cuda_aware(False)  # always allowed

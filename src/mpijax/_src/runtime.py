@@ -18,7 +18,8 @@ with warnings.catch_warnings():
 
 
 def _first_line(text):
-    return text.strip().splitlines()[0] if text.strip() else "unknown version"
+    text = text.replace("\0", "").strip()  # Open MPI counts the terminating NUL in the version's length
+    return text.splitlines()[0] if text else "unknown version"
 
 
 def _same_file(a, b):
