@@ -303,7 +303,8 @@ Re-run it to reproduce; `results.json` has every number.
 
 
 def write_gpu_report(results, setup, output):
-    """The GPU run: staged mpijax and mpi4jax against the copy bound."""
+    """The GPU run: staged mpijax and mpi4jax (and CUDA-aware, where they
+    ran so) against the copy bound."""
     table = _by_impl(results)
     bound = table.pop("device-host-device copy (C++)", {})
     peers = sorted(name for name in table if name != MPIJAX)
@@ -327,9 +328,11 @@ Two ranks share the GPU, {sharing}. The operations run as in the CPU benchmarks
 (docs/benchmarks/README.md): inside one jitted `lax.fori_loop` on arrays on the GPU (with a tenth of
 the iterations), the empty loop's time subtracted, the median of {setup["reps"]} repetitions of the
 slowest rank. mpijax runs in its default, staged mode (device data through reused pinned host
-buffers); the bound is `benchmarks/copy_bound.cc`, one device-to-host and one host-to-device copy
-of the message on one stream, with the wait in between that a staged call makes before MPI reads:
-what staging costs at least, MPI not counted. Times are microseconds per operation.
+buffers), and so does mpi4jax; where the MPI library says it can move device memory, both run
+again handing it device pointers (the columns marked CUDA-aware). The bound is
+`benchmarks/copy_bound.cc`, one device-to-host and one host-to-device copy of the message on one
+stream, with the wait in between that a staged call makes before MPI reads: what staging costs at
+least, MPI not counted. Times are microseconds per operation.
 
 {chr(10).join(lines)}
 """

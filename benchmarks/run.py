@@ -5,8 +5,9 @@ targets) and one PNG per operation to the output folder.
 
     python benchmarks/run.py            # the full run: 8 B to 64 MiB
     python benchmarks/run.py --quick    # a smoke run of a minute or two
-    python benchmarks/run.py --gpu      # on an NVIDIA GPU: staged mpijax and
-                                        # mpi4jax against a device-host-device copy
+    python benchmarks/run.py --gpu      # on an NVIDIA GPU: mpijax and mpi4jax,
+                                        # staged (and CUDA-aware, where the MPI
+                                        # is), against a device-host-device copy
     python benchmarks/run.py --hugepages  # every implementation's malloc on
                                           # transparent huge pages (huge_pages.py)
 """
@@ -176,14 +177,31 @@ def build(program):
     return folder / program
 
 
+def cuda_aware_mpi():
+    """Whether mpijax takes CUDA-aware mode here: it refuses it where the MPI
+    library says it cannot move device memory (mpi4jax would crash)."""
+    probe = [sys.executable, "-c", "import mpijax; mpijax.set_cuda_aware(True)"]
+    aware = subprocess.run(probe, capture_output=True, text=True)
+    if aware.returncode:
+        print(f"== CUDA-aware mode left out: {aware.stderr.strip().splitlines()[-1:]}", flush=True)
+    return aware.returncode == 0
+
+
 def stages(sizes, reps, calls, gpu):
     """(name, ranks, command) of every part of a run."""
     worker = [sys.executable, str(HERE / "worker.py")]
     loops = ["--reps", str(reps), "--sizes", *map(str, sizes)]
     if gpu:  # the workers' arrays are on JAX's default device, the GPU
+        # Each binding staged, then handing device pointers to MPI where the library can take them.
+        aware = ["env", "MPIJAX_CUDA_AWARE=1", "MPI4JAX_USE_CUDA_MPI=1"]
+        modes = [("", [])] + ([("-cuda-aware", aware)] if cuda_aware_mpi() else [])
         return [
             ("copy", 1, lambda: [str(build("copy_bound")), str(reps), *map(str, sizes)]),
-            *[(impl, 2, lambda impl=impl: [*worker, impl, *loops]) for impl in ["mpijax", "mpi4jax"]],
+            *[
+                (impl + mode, 2, lambda impl=impl, env=env: [*env, *worker, impl, *loops])
+                for mode, env in modes
+                for impl in ["mpijax", "mpi4jax"]
+            ],
         ]
     return [
         ("dispatch", 1, lambda: [*worker, "dispatch"]),

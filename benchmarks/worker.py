@@ -12,6 +12,7 @@ Rank 0 prints one JSON line per case: microseconds per operation.
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -191,7 +192,7 @@ def run_mpijax(cases, reps, check=False):
     mpijax.set_check(check)
     comm = WORLD.Dup()
     inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
-    name = "mpijax, check mode" if check else "mpijax"
+    name = "mpijax, check mode" if check else "mpijax" + cuda_aware("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI")
     time_jax_loops(name, mpi_bodies(mpijax, comm), lambda f: f, inputs, cases, reps)
 
 
@@ -200,7 +201,13 @@ def run_mpi4jax(cases, reps):
 
     comm = WORLD.Dup()
     inputs = lambda op, nbytes: jnp.ones(shape_of(op, nbytes), jnp.float32)  # noqa: E731
-    time_jax_loops(f"mpi4jax {mpi4jax.__version__}", mpi_bodies(mpi4jax, comm), lambda f: f, inputs, cases, reps)
+    name = f"mpi4jax {mpi4jax.__version__}" + cuda_aware("MPI4JAX_USE_CUDA_MPI")
+    time_jax_loops(name, mpi_bodies(mpi4jax, comm), lambda f: f, inputs, cases, reps)
+
+
+def cuda_aware(*variables):
+    """The suffix ", CUDA-aware" where one of the binding's variables asks for that mode."""
+    return ", CUDA-aware" if any(os.environ.get(v, "") not in ("", "0") for v in variables) else ""
 
 
 def run_jax_native(cases, reps):
