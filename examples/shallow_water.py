@@ -203,7 +203,8 @@ def main():
             print(*what, flush=True)
 
     dims = cart.Get_topo()[0]
-    say(f"{cfg.n} x {cfg.n} cells on {dims[0]} x {dims[1]} ranks, {chunks * chunk} steps of {cfg.dt:.0f} s")
+    where = jax.devices()[0].platform
+    say(f"{cfg.n} x {cfg.n} cells on {dims[0]} x {dims[1]} ranks ({where}), {chunks * chunk} steps of {cfg.dt:.0f} s")
     state = initial_state(cfg, rows, cols)
     advance = jax.jit(lambda s: simulate(s, chunk, cfg, mpijax_comms(cart)))
     start = time.perf_counter()

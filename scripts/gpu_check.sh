@@ -4,8 +4,10 @@
 #   build  builds mpijax with its CUDA handlers against the MPI that mpi4py uses;
 #   test   runs tests/test_gpu.py at 2 ranks sharing the GPU: every op, eager
 #          and jit, with jvp, vjp and vmap, against NumPy references, staged
-#          and (where the MPI library moves device memory) CUDA-aware;
-#   bench  runs the GPU benchmarks (benchmarks/run.py --gpu).
+#          and (where the MPI library moves device memory) CUDA-aware; and the
+#          shallow-water example's test on the GPU (2 ranks against 1);
+#   bench  runs the GPU benchmarks (benchmarks/run.py --gpu) and the
+#          shallow-water example at 2 ranks on the GPU (its steps per second).
 #   bash scripts/gpu_check.sh [OUTPUT_DIR [STEP...]]   (default build/gpu-check,
 #                                                       all three steps)
 # Naming steps splits the check over commands that each must end within a
@@ -106,10 +108,15 @@ if wants test; then
   echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
   timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs tests/test_gpu.py \
     || failed=1
+  echo "== tests/test_example_shallow_water.py on 2 ranks sharing the GPU (staged)"
+  timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs \
+    tests/test_example_shallow_water.py || failed=1
 fi
 if wants bench; then
   echo "== GPU benchmarks"
   "$python" benchmarks/run.py --gpu --output "$out/bench" || failed=1
   cat "$out/bench/README.md" 2>/dev/null
+  echo "== examples/shallow_water.py on 2 ranks sharing the GPU (staged)"
+  timeout 600 mpirun -n 2 "$python" examples/shallow_water.py --out "$out/shallow_water.png" || failed=1
 fi
 exit $failed

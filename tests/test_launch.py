@@ -165,7 +165,7 @@ def test_the_shallow_water_example_writes_its_pictures(tmp_path):
     args = ["--n", "32", "--days", "0.5", "--animate"]
     result, out = run_example(tmp_path, ROOT / "examples" / "shallow_water.py", args=args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.match(r"32 x 32 cells on 2 x 1 ranks, \d+ steps of \d+ s\n", out[0]), out[0]
+    assert re.match(r"32 x 32 cells on 2 x 1 ranks \(cpu\), \d+ steps of \d+ s\n", out[0]), out[0]
     assert re.search(r"^day  0\.\d+ +\d+ steps/s  energy change [-+]\d\.\de-\d+  mass change", out[0], re.M), out[0]
     assert "wrote shallow_water.png\nwrote shallow_water.gif\n" in out[0], out[0]
     assert out[1] == ""
