@@ -23,8 +23,8 @@ it waits in MPI (docs/benchmarks/apps_unbound.log). `first` is
 the wall time of the first call of the jitted loop: tracing, compilation and
 one run. Then the loop runs REPEATS more times; throughput is steps per
 second of the fastest repetition, the one this shared VM disturbed least
-(shallow water: time steps; poisson: CG iterations; training: optimiser
-steps), and the table gives the median over --rounds runs of each case (5),
+(shallow water: time steps; halo, the shallow-water model's exchange alone:
+exchanges; poisson: CG iterations; training: optimiser steps), and the table gives the median over --rounds runs of each case (5),
 the rounds interleaving all cases so that a slow spell hits them alike.
 Every case prints a checksum of its result; the driver checks that all
 backends of an application agree.
@@ -50,6 +50,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "examples"))
 BACKENDS = ["mpijax", "sendrecv", "mpi4jax", "sharding", "local"]
 REPEATS = 7
+SW_CELLS = 256  # the README's run (scripts/setup.sh)
 
 
 # ---------------------------------------------------------------- halos ----
@@ -170,13 +171,14 @@ def _sharded_spec():
 
 
 def _shallow_water(backend, comm, loop, out_specs):
-    """A case of the example's model at 512 x 512 cells: `loop(sw, cfg,
-    comms)` is the jitted loop over its state, of 100 steps."""
+    """A case of the example's model at the size the README runs, SW_CELLS
+    squared: `loop(sw, cfg, comms)` is the jitted loop over its state, of
+    100 steps."""
     import jax
 
     import shallow_water as sw
 
-    cfg = sw.Config(n=512)
+    cfg = sw.Config(n=SW_CELLS)
     cart, rows, cols = sw.decompose(comm, cfg.n)
     state = sw.initial_state(cfg, rows, cols)
     run = loop(sw, cfg, grid_comms(backend, cart, sw.Comms, sw.mpijax_comms))
