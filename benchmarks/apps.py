@@ -24,8 +24,9 @@ the wall time of the first call of the jitted loop: tracing, compilation and
 one run. Then the loop runs REPEATS more times; throughput is steps per
 second of the fastest repetition, the one this shared VM disturbed least
 (shallow water: time steps; halo, the shallow-water model's exchange alone:
-exchanges; poisson: CG iterations; training: optimiser steps), and the table gives the median over --rounds runs of each case (5),
-the rounds interleaving all cases so that a slow spell hits them alike.
+exchanges; poisson: CG iterations; training: optimiser steps), and the
+table gives the median over --rounds runs of each case (5), the rounds
+interleaving all cases so that a slow spell hits them alike.
 Every case prints a checksum of its result; the driver checks that all
 backends of an application agree.
 
