@@ -11,7 +11,7 @@ from mpi4py import MPI
 import mpijax
 from mpijax._src.runtime import core
 
-from reference import MODES, RANK, SIZE, all_data, assert_equal, data
+from reference import MODES, RANK, SIZE, all_data, assert_equal, checkerboard, data
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -29,9 +29,7 @@ def limit():
 COUNTS = [0, 6, 7, 14, 23]  # below, at, twice and past the limit
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", ["float16", "int8", "float64", "complex64"])
-@pytest.mark.parametrize("n", COUNTS)
+@checkerboard(dtype=["float16", "int8", "float64", "complex64"], n=COUNTS)
 def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
     xs = all_data((n,), dtype)
     blocks = all_data((SIZE, n), dtype, seed=1)
@@ -54,9 +52,7 @@ def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
     assert_equal(run(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), x), xs[PREV])
 
 
-@pytest.mark.parametrize("timeout", [None, 60], ids=["blocking", "watchdog"])
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("n", COUNTS)
+@checkerboard(n=COUNTS, timeout=[None, 60])
 def test_v_variants_and_reduce_scatter_past_the_limit(comm, limit, mode, n, timeout):
     """Rank r has n + 3r rows: counts and offsets below and past the limit
     (MPI's v-collectives, or one MPI_Alltoallw with 64-bit offsets), with the
