@@ -51,7 +51,6 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "examples"))
 BACKENDS = ["mpijax", "sendrecv", "mpi4jax", "sharding", "local"]
 REPEATS = 7
-SW_CELLS = 256  # the README's run (scripts/setup.sh)
 
 
 # ---------------------------------------------------------------- halos ----
@@ -172,14 +171,14 @@ def _sharded_spec():
 
 
 def _shallow_water(backend, comm, loop, out_specs):
-    """A case of the example's model at the size the README runs, SW_CELLS
-    squared: `loop(sw, cfg, comms)` is the jitted loop over its state, of
-    100 steps."""
+    """A case of the example's model at its default size, the README's run
+    (256 x 256 cells): `loop(sw, cfg, comms)` is the jitted loop over its
+    state, of 100 steps."""
     import jax
 
     import shallow_water as sw
 
-    cfg = sw.Config(n=SW_CELLS)
+    cfg = sw.Config()
     cart, rows, cols = sw.decompose(comm, cfg.n)
     state = sw.initial_state(cfg, rows, cols)
     run = loop(sw, cfg, grid_comms(backend, cart, sw.Comms, sw.mpijax_comms))

@@ -183,7 +183,8 @@ def cuda_aware_mpi():
     probe = [sys.executable, "-c", "import mpijax; mpijax.set_cuda_aware(True)"]
     aware = subprocess.run(probe, capture_output=True, text=True)
     if aware.returncode:
-        print(f"== CUDA-aware mode left out: {aware.stderr.strip().splitlines()[-1:]}", flush=True)
+        reason = (aware.stderr.strip().splitlines() or ["no message"])[-1]
+        print(f"== CUDA-aware mode left out: {reason}", flush=True)
     return aware.returncode == 0
 
 
