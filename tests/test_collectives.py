@@ -19,21 +19,21 @@ def run(mode, f, x):
     return MODES[mode](f)(x)
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES, root=ROOTS)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_bcast(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.bcast(x, root, comm=comm), xs[RANK])
     assert_equal(result, xs[root])
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES, root=ROOTS)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_gather(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.gather(x, root, comm=comm), xs[RANK])
     assert_equal(result, np.stack(xs) if RANK == root else xs[RANK])
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES, root=ROOTS)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_scatter(comm, mode, dtype, shape, root):
     blocks = data((SIZE, *shape), dtype, rank=root)  # only the root's data travels
     x = blocks if RANK == root else data(shape, dtype, RANK, seed=1)

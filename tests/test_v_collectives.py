@@ -40,7 +40,7 @@ def test_allgatherv(comm, mode, dtype, layout, row):
     assert_equal(run(mode, lambda x: mpijax.allgatherv(x, counts, comm=comm), xs[RANK]), np.concatenate(xs))
 
 
-@checkerboard(dtype=DTYPES, layout=list(LAYOUTS), root=ROOTS)
+@checkerboard(3, dtype=DTYPES, layout=list(LAYOUTS), root=ROOTS)
 def test_gatherv(comm, mode, dtype, layout, root):
     counts = LAYOUTS[layout]
     xs = blocks(counts, (2,), dtype)
@@ -48,7 +48,7 @@ def test_gatherv(comm, mode, dtype, layout, root):
     assert_equal(got, np.concatenate(xs) if RANK == root else xs[RANK])
 
 
-@checkerboard(dtype=DTYPES, layout=list(LAYOUTS), root=ROOTS)
+@checkerboard(3, dtype=DTYPES, layout=list(LAYOUTS), root=ROOTS)
 def test_scatterv(comm, mode, dtype, layout, root):
     counts = LAYOUTS[layout]
     whole = data((sum(counts), 2), dtype, root)  # only the root's data travels
