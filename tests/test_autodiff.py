@@ -265,6 +265,11 @@ def _cases():
             from_prev,
         ),
         Case(
+            "sendrecv-tagged-zeros_like",
+            lambda x, c: mpijax.sendrecv(x, jnp.zeros_like(x), PREV, NEXT, sendtag=3, recvtag=3, comm=c),
+            from_prev,
+        ),
+        Case(
             "sendrecv-any-source-any-tag",
             lambda x, c: mpijax.sendrecv(x, jnp.zeros_like(x), MPI.ANY_SOURCE, NEXT, sendtag=4 + RANK, comm=c),
             from_prev,
@@ -570,19 +575,33 @@ def test_scan_max_ties_share_the_derivative(comm):
     assert_close(g, [share, 1.0])  # element 1: each prefix's maximum is its last rank
 
 
-def test_second_derivative_of_a_product(comm):
-    """jvp of grad of sum(sin(prod over ranks)), against finite differences of
-    the gradient computed in NumPy: the product's derivative rules are
-    differentiable again (through exclusive scans)."""
+FOLDS = {"PROD": np.prod, "MAX": np.max, "MIN": np.min}
+
+
+@pytest.mark.parametrize("root", [None, 0], ids=["allreduce", "reduce"])
+@pytest.mark.parametrize("op", FOLDS)
+def test_second_derivatives_of_nonlinear_reductions(comm, op, root):
+    """jvp of grad of sum(sin(op over ranks)) (on the root only, for reduce),
+    against finite differences of the gradient computed in NumPy: the
+    derivative rules of PROD (exclusive scans) and of MIN/MAX (a gather and
+    an alltoall) are differentiable again. Values are distinct, so no
+    perturbation changes which rank holds the extremum."""
     rng = np.random.default_rng(11)
-    xs, vs = rng.uniform(0.5, 1.5, (SIZE, 3)), rng.normal(size=(SIZE, 3))
+    xs = 0.5 + rng.permutation(3 * SIZE).reshape(SIZE, 3) / (3 * SIZE)
+    vs = rng.normal(size=(SIZE, 3))
+    fold = FOLDS[op]
 
     def numpy_grad(xs):
-        y = np.prod(xs, axis=0)
-        return np.cos(y) * np.prod([xs[s] for s in range(SIZE) if s != RANK] or [np.ones(3)], axis=0)
+        y = fold(xs, axis=0)
+        others = np.prod([xs[s] for s in range(SIZE) if s != RANK] or [np.ones(3)], axis=0)
+        return np.cos(y) * (others if op == "PROD" else xs[RANK] == y)
 
-    grad = jax.grad(lambda x: jnp.sum(jnp.sin(mpijax.allreduce(x, MPI.PROD, comm=comm))))
-    _, hvp = jax.jit(lambda x, v: jax.jvp(grad, (x,), (v,)))(xs[RANK], vs[RANK])
+    def loss(x):
+        if root is None:
+            return jnp.sum(jnp.sin(mpijax.allreduce(x, getattr(MPI, op), comm=comm)))
+        return jnp.sum(jnp.sin(mpijax.reduce(x, getattr(MPI, op), root, comm=comm))) * (RANK == root)
+
+    _, hvp = jax.jit(lambda x, v: jax.jvp(jax.grad(loss), (x,), (v,)))(xs[RANK], vs[RANK])
     assert_close(hvp, (numpy_grad(xs + H * vs) - numpy_grad(xs - H * vs)) / (2 * H), rtol=1e-6)
 
 

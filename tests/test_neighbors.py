@@ -271,6 +271,52 @@ def test_halo_exchange_derivatives(mode, periods, corners, width):
     c.Free()
 
 
+@pytest.mark.parametrize("periods,corners", [((True, True), True), ((False, True), False)])
+def test_halo_exchange_jacobians_and_linear_transpose(periods, corners):
+    """jacfwd's columns are the exchange of each basis vector (every rank's
+    at once), jacrev's rows the VJP of each basis cotangent (which the test
+    above checks as the adjoint), and linear_transpose is the VJP, three
+    deep too."""
+    c, before, _ = grid_case(periods, corners, 1)
+    n = before.size
+    basis = np.eye(n).reshape(n, *before.shape)
+    y = np.random.default_rng([RANK, 1]).normal(size=before.shape)
+
+    def h(a):
+        return mpijax.halo_exchange(a, c, corners=corners)
+
+    pullback = jax.vjp(h, before)[1]
+    columns = jax.jit(jax.vmap(h))(basis).reshape(n, n).T
+    rows = jax.jit(jax.vmap(lambda e: pullback(e)[0]))(basis).reshape(n, n)
+    assert_equal(jax.jit(jax.jacfwd(h))(before).reshape(n, n), columns)
+    assert_equal(jax.jit(jax.jacrev(h))(before).reshape(n, n), rows)
+    transpose = lambda f: lambda ct: jax.linear_transpose(f, before)(ct)[0]  # noqa: E731
+    assert_equal(transpose(h)(y), pullback(y)[0])
+    assert_equal(transpose(transpose(transpose(h)))(y), pullback(y)[0])
+    c.Free()
+
+
+def test_halo_exchange_in_a_time_loop_copies_no_field():
+    """In place: the exchanged field is the call's output, so a time loop
+    whose state is exchanged and then used compiles with no copy of the field
+    (input donated, as a long run's state is); one that still uses the field
+    unexchanged after the call gets the one copy that needs."""
+    c = cart(True)
+    field = jnp.zeros((18, 12), jnp.float32)
+
+    def step(_, f):
+        f = mpijax.halo_exchange(f, c)
+        return f.at[1:-1, 1:-1].set(0.25 * (f[:-2, 1:-1] + f[2:, 1:-1] + f[1:-1, :-2] + f[1:-1, 2:]))
+
+    def copies(f):
+        text = jax.jit(f, donate_argnums=0).lower(field).compile().as_text()
+        return [line for line in text.splitlines() if " copy(" in line and "f32[18,12]" in line]
+
+    assert copies(lambda f: lax.fori_loop(0, 4, step, f)) == []
+    assert len(copies(lambda f: mpijax.halo_exchange(f, c) + f)) == 1
+    c.Free()
+
+
 @pytest.mark.parametrize("axis", [0, -1])
 def test_halo_exchange_under_vmap(axis):
     """A batch of blocks, batched at either end, beside an unbatched field:

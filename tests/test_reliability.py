@@ -238,6 +238,7 @@ def test_user_tags_stay_clear_of_derivative_and_handshake_tags(comm):
     """Users get the lower half of MPI's tags: derivatives and check mode's
     handshakes use the rest (csrc/tags.h)."""
     largest = core.largest_tag()
+    assert largest == (MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 5) // 2  # as docs/autodiff.md says
     assert core.derivative_tag(largest) <= MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) - 4
     assert core.derivative_tag(core.derivative_tag(7)) == core.derivative_tag(7) > largest
     for tag in (largest + 1, MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)):
