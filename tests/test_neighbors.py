@@ -246,7 +246,7 @@ def test_halo_exchange_moves_every_dtype_and_trailing_shape(mode, dtype, shape):
     c.Free()
 
 
-@checkerboard(periods=[(True, True), (False, True), (False, False)], corners=[True, False], width=[1, 2])
+@checkerboard(2, periods=[(True, True), (False, True), (False, False)], corners=[True, False], width=[1, 2])
 def test_halo_exchange_derivatives(mode, periods, corners, width):
     """Linear: its JVP exchanges the tangent the same way, and its VJP is its
     adjoint: <H x, y> = <x, H^T y> summed over ranks for random x and y (H
