@@ -66,9 +66,6 @@ if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
         "mpi4py.rc.thread_level = 'multiple', does this."
     )
 
-# Exit needs no hook of ours: JAX's atexit function waits for the runtime
-# tokens of ordered effects, and mpi4py calls MPI_Finalize from Py_AtExit,
-# which runs after every atexit function.
 # Platform ("cpu", and "CUDA" in a CUDA build) -> {target name: handler}.
 FFI_TARGETS = core.ffi_targets()
 for _platform, _targets in FFI_TARGETS.items():
