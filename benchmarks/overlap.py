@@ -147,7 +147,7 @@ def main():
         row["saved_share"] = row["saved"] / row["exchange"]
         results.append(row)
     if WORLD.rank == 0:
-        print(f"# {MPI.Get_library_version().splitlines()[0]}; 2 ranks; µs per step (median)")
+        print(f"# {MPI.Get_library_version().splitlines()[0].strip(chr(0))}; 2 ranks; µs per step (median)")
         header = ("rows x cols", "row", "compute", "exchange", "blocking", "overlap", "saved", "share")
         print("{:>14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}".format(*header))
         for r in results:
