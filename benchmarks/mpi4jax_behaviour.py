@@ -6,6 +6,10 @@ exception, an abort or a hang past the time limit). Install mpi4jax first
     python benchmarks/mpi4jax_behaviour.py [--mpirun mpirun.mpich] [--python PY]"""
 
 import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -63,20 +67,17 @@ def main():
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--timeout", type=int, default=60)
     args = parser.parse_args()
-    import datetime
-    import importlib.metadata as metadata
-
-    probe = "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())"
-    library = subprocess.run([args.python, "-c", probe], capture_output=True, text=True).stdout.strip("\0\n ")
-    versions = ", ".join(f"{p} {metadata.version(p)}" for p in ("jax", "mpi4jax", "mpijax", "mpi4py"))
+    probe = "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip(chr(0)))"
+    library = subprocess.run([args.python, "-c", probe], capture_output=True, text=True).stdout.strip()
+    versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("jax", "mpi4jax", "mpijax", "mpi4py"))
     print(f"== {datetime.datetime.now(datetime.UTC):%Y-%m-%dT%H:%M:%SZ}, {versions}, {library}")
     for name, (ranks, body) in CASES.items():
         print(f"== {name} ({ranks} rank{'s' * (ranks > 1)})", flush=True)
         for module in ("mpi4jax", "mpijax"):
             print(f"  {module:8s} {run(args.mpirun, args.python, ranks, module, body, args.timeout)}", flush=True)
-    import mpi4jax._src.xla_bridge as bridge  # what its CUDA extension stages through
-
-    so = next(p for p in __import__("pathlib").Path(bridge.__file__).parent.glob("mpi_xla_bridge_cuda*.so"))
+    # What mpi4jax's CUDA extension stages through: the symbols it imports (found, not imported: no MPI here).
+    bridge = pathlib.Path(importlib.util.find_spec("mpi4jax").origin).parent / "_src" / "xla_bridge"
+    so = next(bridge.glob("mpi_xla_bridge_cuda*.so"))
     imports = subprocess.run(["nm", "-D", "--undefined-only", str(so)], capture_output=True, text=True).stdout
     wanted = ("malloc", "free", "cudaMallocHost", "cudaHostAlloc", "cudaHostRegister", "cudaMemcpyAsync")
     found = sorted({line.split()[-1].split("@")[0] for line in imports.splitlines()} & set(wanted))
