@@ -92,6 +92,13 @@ def big_vector(rank, dtype=np.float32):
     return jnp.arange(n, dtype=dtype) + rank
 
 
+def transposed(f, example):
+    """jax.linear_transpose of the one-argument linear `f` at `example`'s
+    shape, as a one-argument function (so that it can be transposed again)."""
+    t = jax.linear_transpose(f, example)
+    return lambda ct: t(ct)[0]
+
+
 def count_calls(capfd, run):
     """How many MPI calls `run()` makes on this rank (MPIJAX_DEBUG's lines)."""
     from mpijax._src.runtime import core

@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import MODES, RANK, SIZE, count_calls
+from reference import MODES, RANK, SIZE, count_calls, transposed
 
 # A derivative that waits for a message that never comes fails, not hangs.
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -490,24 +490,19 @@ def test_jacrev(comm, case):
             assert jac.reshape(-1, size)[i, j] == pytest.approx(pairing(case, basis, dys), abs=1e-7)
 
 
-def _transpose(f, example):
-    t = jax.linear_transpose(f, example)
-    return lambda ct: t(ct)[0]
-
-
 @pytest.mark.parametrize("case", LINEAR, ids=repr)
 def test_linear_transpose_three_deep(comm, case):
     """T(T(T(f))) == T(f) == the VJP."""
     xs, ws = inputs(case), cotangents(case)
     f = functools.partial(call_with, case.call, comm)
     x, w = jnp.asarray(xs[RANK]), jnp.asarray(ws[RANK])
-    once = _transpose(f, x)(w)
-    thrice = _transpose(_transpose(_transpose(f, x), w), x)(w)
+    once = transposed(f, x)(w)
+    thrice = transposed(transposed(transposed(f, x), w), x)(w)
     _, pullback = jax.vjp(f, x)
     assert_close(once, pullback(w)[0], rtol=1e-12)
     assert_close(thrice, once, rtol=1e-12)
     # and T(T(f)) is f
-    assert_close(_transpose(_transpose(f, x), w)(x), f(x), rtol=1e-12)
+    assert_close(transposed(transposed(f, x), w)(x), f(x), rtol=1e-12)
 
 
 # The batch axis moved in, then out: between them every rule's handling of

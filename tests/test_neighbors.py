@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data, np_dtype
+from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data, np_dtype, transposed
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -290,9 +290,8 @@ def test_halo_exchange_jacobians_and_linear_transpose(periods, corners):
     rows = jax.jit(jax.vmap(lambda e: pullback(e)[0]))(basis).reshape(n, n)
     assert_equal(jax.jit(jax.jacfwd(h))(before).reshape(n, n), columns)
     assert_equal(jax.jit(jax.jacrev(h))(before).reshape(n, n), rows)
-    transpose = lambda f: lambda ct: jax.linear_transpose(f, before)(ct)[0]  # noqa: E731
-    assert_equal(transpose(h)(y), pullback(y)[0])
-    assert_equal(transpose(transpose(transpose(h)))(y), pullback(y)[0])
+    assert_equal(transposed(h, before)(y), pullback(y)[0])
+    assert_equal(transposed(transposed(transposed(h, before), y), before)(y), pullback(y)[0])
     c.Free()
 
 
