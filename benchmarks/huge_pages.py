@@ -11,6 +11,7 @@ phases last minutes) and their median over the rounds, and the most memory
 a rank of each server held on huge pages (AnonHugePages, sampled each
 second) and in all (VmHWM).
     python benchmarks/huge_pages.py [--rounds 5] [--reps 2] [--ops bcast allreduce sendrecv] [--mib 1 4 16 64]
+                                    [--servers "C++ hugetlb" "mpijax hugetlb"]
 """
 
 import argparse
@@ -85,13 +86,15 @@ def main():
     parser.add_argument("--reps", type=int, default=2, help="repetitions per case and round")
     parser.add_argument("--ops", nargs="+", default=["bcast", "allreduce", "sendrecv"])
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--servers", nargs="+", default=SERVERS, choices=SERVERS, metavar="SERVER",
+                        help="a subset of: " + ", ".join(f"'{s}'" for s in SERVERS))  # fmt: skip
     args = parser.parse_args()
     with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
         print(f"transparent huge pages: {f.read().strip()}; hugetlb: GLIBC_TUNABLES={HUGETLB}", flush=True)
     plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     envs = {"plain": plain, "hugetlb": with_huge_pages(plain)}
     servers = {}
-    for name in SERVERS:
+    for name in args.servers:
         impl, pages = name.split()
         servers[name] = mpirun(2, *command(impl, args.reps), serve=True, env=envs[pages])
     peaks, stop = {}, threading.Event()
@@ -112,23 +115,29 @@ def main():
     def ratio(a, b, case):
         if (a, *case) not in found or (b, *case) not in found:
             return "—"
-        return f"{statistics.median(x / y for x, y in zip(per_round(a, case), per_round(b, case), strict=True)):.2f}"
+        ratios = [x / y for x, y in zip(per_round(a, case), per_round(b, case), strict=True)]
+        if len(ratios) < 4:
+            return f"{statistics.median(ratios):.2f}"
+        low, middle, high = statistics.quantiles(ratios, n=4)
+        return f"{middle:.2f} ({low:.2f}–{high:.2f})"
 
     print(f"\nmedian µs per operation over {args.rounds} rounds of {args.reps} repetitions "
           f"(plain: as it comes; hugetlb: GLIBC_TUNABLES={HUGETLB})")  # fmt: skip
-    head = ["op", "size", *SERVERS]
+    head = ["op", "size", *args.servers]
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     cases = [(op, mib << 20) for op in args.ops for mib in args.mib]
     for case in cases:
-        cells = [f"{found[(n, *case)]['median']:.1f}" if (n, *case) in found else "—" for n in SERVERS]
+        cells = [f"{found[(n, *case)]['median']:.1f}" if (n, *case) in found else "—" for n in args.servers]
         print(f"| {case[0]} | {human(case[1])} | " + " | ".join(cells) + " |")
-    print("\nratios of times, round by round; median over the rounds (below 1: the first is faster)")
-    head = ["op", "size", *(f"{a} / {b}" for a, b in RATIOS)]
+    print("\nratios of times, round by round; median over the rounds (below 1: the first is faster)"
+          "\nand, from 4 rounds, the quartiles: the middle half of the rounds lies between them")  # fmt: skip
+    ratios = [(a, b) for a, b in RATIOS if a in args.servers and b in args.servers]
+    head = ["op", "size", *(f"{a} / {b}" for a, b in ratios)]
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for case in cases:
-        print(f"| {case[0]} | {human(case[1])} | " + " | ".join(ratio(a, b, case) for a, b in RATIOS) + " |")
+        print(f"| {case[0]} | {human(case[1])} | " + " | ".join(ratio(a, b, case) for a, b in ratios) + " |")
     print("\nmost memory of one rank, MiB: on huge pages (AnonHugePages, sampled each second) / resident (VmHWM)")
-    for name in SERVERS:
+    for name in args.servers:
         huge, hwm = peaks.get(name, (0, 0))
         print(f"  {name:16s} {huge / 1024:7.0f} / {hwm / 1024:7.0f}")
     if failed:
