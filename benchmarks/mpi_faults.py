@@ -18,8 +18,7 @@ import statistics
 
 import jax
 import jax.numpy as jnp
-from mpi4py import MPI
-from worker import WORLD, iterations, loops, mpi_bodies, shape_of
+from worker import WORLD, iterations, loops, mpi_bodies, mpi_library, shape_of
 
 import mpijax
 
@@ -38,7 +37,7 @@ def main():
     args = parser.parse_args()
     bodies = mpi_bodies(mpijax, WORLD.Dup())
     if WORLD.rank == 0:
-        print(f"{MPI.Get_library_version().splitlines()[0].rstrip(chr(0))}; {WORLD.size} ranks; "
+        print(f"{mpi_library()}; {WORLD.size} ranks; "
               f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}", flush=True)  # fmt: skip
     for mib in args.mib:
         for op in args.ops:
@@ -46,7 +45,8 @@ def main():
             per_step = bodies[op][2]
             steps = max(iterations(mib << 20) // per_step, 1)
             x = jnp.ones(shape_of(op, mib << 20), jnp.float32)
-            faults(with_op, x, steps), faults(empty, x, steps)  # compile and warm up
+            for loop in (with_op, empty):  # compile and warm up
+                faults(loop, x, steps)
             extra = statistics.median(faults(with_op, x, steps) - faults(empty, x, steps) for _ in range(3))
             if WORLD.rank == 0:
                 print(f"  {op:16s} {mib:3d} MiB: {extra / (steps * per_step):8.1f} page faults per call", flush=True)

@@ -35,6 +35,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from worker import mpi_library  # noqa: E402
 
 import mpijax  # noqa: E402
 
@@ -147,7 +148,7 @@ def main():
         row["saved_share"] = row["saved"] / row["exchange"]
         results.append(row)
     if WORLD.rank == 0:
-        print(f"# {MPI.Get_library_version().splitlines()[0].strip(chr(0))}; 2 ranks; µs per step (median)")
+        print(f"# {mpi_library()}; 2 ranks; µs per step (median)")
         header = ("rows x cols", "row", "compute", "exchange", "blocking", "overlap", "saved", "share")
         print("{:>14} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6}".format(*header))
         for r in results:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from mpi4py import MPI
+from worker import mpi_library
 
 import mpijax
 
@@ -42,7 +43,7 @@ def best(f, x):
 
 
 if WORLD.rank == 0:
-    print(MPI.Get_library_version().splitlines()[0])
+    print(mpi_library())
 for nbytes in (4, 2**19):
     x = jnp.zeros(nbytes // 4, jnp.float32)
     variants = [("fixed source and tag", OTHER, 0), ("ANY_SOURCE, ANY_TAG", MPI.ANY_SOURCE, MPI.ANY_TAG)] * 2

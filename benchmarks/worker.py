@@ -47,6 +47,11 @@ def report(impl, op, nbytes, times):
         print(json.dumps(dict(impl=impl, op=op, bytes=nbytes, times=times)), flush=True)
 
 
+def mpi_library():
+    """The first line of the MPI library's version (Open MPI's ends with a NUL)."""
+    return MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
+
+
 def slowest(seconds):
     return WORLD.allreduce(seconds, op=MPI.MAX)
 
