@@ -41,20 +41,29 @@ def body(text):
     return lines
 
 
-nbytes = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
-libraries = {}
-for name in ("mpijax", "mpi4jax"):
-    try:
-        libraries[name] = __import__(name)
-    except ImportError:
-        print(f"{name}: not installed")
-print(f"jax {jax.__version__}; float32 messages of {nbytes} bytes; copies of the message in the compiled loop")
-for name, lib in libraries.items():
-    bodies = mpi_bodies(lib, WORLD.Dup())
-    for op in OPS:
-        with_op, _ = loops(bodies[op], lambda f: f)
-        x = jnp.ones(shape_of(op, nbytes), jnp.float32)
-        text = with_op.lower(x, 10).compile().as_text()
-        copies = [line.strip() for line in body(text) if re.search(r"= f32\[[0-9,]+\]\{[0-9,]*\} copy\(", line)]
-        if WORLD.Get_rank() == 0:
-            print(f"{name:8s} {op:10s} {len(copies)} in the loop body" + "".join(f"\n    {c[:110]}" for c in copies))
+def copies(text):
+    """The copies of a float32 array in the compiled while loops' bodies."""
+    return [line.strip() for line in body(text) if re.search(r"= f32\[[0-9,]+\]\{[0-9,]*\} copy\(", line)]
+
+
+def main():
+    nbytes = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
+    libraries = {}
+    for name in ("mpijax", "mpi4jax"):
+        try:
+            libraries[name] = __import__(name)
+        except ImportError:
+            print(f"{name}: not installed")
+    print(f"jax {jax.__version__}; float32 messages of {nbytes} bytes; copies of the message in the compiled loop")
+    for name, lib in libraries.items():
+        bodies = mpi_bodies(lib, WORLD.Dup())
+        for op in OPS:
+            with_op, _ = loops(bodies[op], lambda f: f)
+            x = jnp.ones(shape_of(op, nbytes), jnp.float32)
+            found = copies(with_op.lower(x, 10).compile().as_text())
+            if WORLD.Get_rank() == 0:
+                print(f"{name:8s} {op:10s} {len(found)} in the loop body" + "".join(f"\n    {c[:110]}" for c in found))
+
+
+if __name__ == "__main__":
+    main()
