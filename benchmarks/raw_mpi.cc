@@ -75,7 +75,13 @@ bool Varied(const std::string& op, int n, int rank, int size, std::vector<float>
       feed_back();
     };
   } else if (op == "exscan") {
-    *call = [&, n] { MPI_Exscan(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+    // MPI leaves rank 0's result undefined: a program sets it, here to the
+    // identity that mpijax gives, so that rank 0 sends memory it has just
+    // written, as mpijax's loop does (fresh_buffers.py: that costs more).
+    *call = [&, n, rank] {
+      MPI_Exscan(MPI_IN_PLACE, x.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      if (rank == 0) std::fill_n(x.begin(), n, 0.0f);
+    };
   } else if (op == "allgatherv") {
     *call = [&, mine, feed_back] {
       MPI_Allgatherv(x.data(), mine, MPI_FLOAT, y.data(), counts.data(), offsets.data(), MPI_FLOAT,
