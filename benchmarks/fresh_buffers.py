@@ -1,9 +1,10 @@
 """Sending memory written since its last send against resending an unchanged
 buffer, at two ranks: what that costs on this machine, and which benchmark
-comparisons it tilts. Three groups of loops, each timed --reps times, interleaved
-(the JAX loops minus the same loop without the operation, worker.py's
-method), rank 0 printing the median in microseconds per operation and, in
-brackets, its ratio to the first loop of its group:
+comparisons it tilts. Three groups of loops, each timed --reps times, interleaved;
+a time is the slowest rank's (for the JAX loops, the slowest rank's loop with
+the operation minus the slowest rank's loop without it), rank 0 printing the
+median in microseconds per operation and, in brackets, its ratio to the
+first loop of its group:
 
 - send: mpi4py rank 0 -> rank 1 of the same NumPy array each time (unchanged);
   of the array after rank 0 has rewritten it (rewritten); of the unchanged
