@@ -155,7 +155,7 @@ ffi::Error Allreduce(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token,
 
 MPIJAX_OP(Allreduce, "allreduce", Unary<P>().template Attr<int64_t>("op"));
 
-// Off the root the output is x itself (aliased), as mpi4jax returns it.
+// Off the root the output is empty: Python returns x there, as mpi4jax does.
 template <class Memory>
 ffi::Error Reduce(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
                   int64_t comm, int64_t op, int64_t root) {
@@ -164,9 +164,9 @@ ffi::Error Reduce(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Ou
   info.reduction = static_cast<int>(op);
   const auto copies = [&](const Comm& c) { return mpi::ReduceCopiesInput(c.rank, info.root); };
   return Run<Memory>(ctx, info, comm, copies, [&](const Comm& c, Memory& m) {
-    void* in = m.In(x);
-    void* out = c.rank == info.root ? m.Out(*y) : Unchanged(m, x, *y);
-    return mpi::Reduce(in, out, x.element_count(), TypeOf(x), OpOf(op, x), info.root, c.handle);
+    void* out = c.rank == info.root ? m.Out(*y) : nullptr;
+    return mpi::Reduce(m.In(x), out, x.element_count(), TypeOf(x), OpOf(op, x), info.root,
+                       c.handle);
   });
 }
 
@@ -211,42 +211,30 @@ MPIJAX_OP(Scan, "scan",
               .template Attr<int64_t>("reverse")
               .template Attr<int64_t>("exclusive"));
 
-// In place (aliased): the root sends x and returns it. accumulate: the others
-// add what they receive to their x (the adjoint of reduce); else they
-// receive over it.
+// In place (aliased): the root sends x and returns it; the others receive
+// over theirs.
 template <class Memory>
 ffi::Error Bcast(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
-                 int64_t comm, int64_t root, int64_t accumulate) {
+                 int64_t comm, int64_t root) {
   CallInfo info = Describe("bcast", x);
   info.root = static_cast<int>(root);
-  const auto adds = [&](const Comm& c) { return accumulate && c.rank != info.root; };
-  return Run<Memory>(ctx, info, comm, adds, [&](const Comm& c, Memory& m) {
-    const int64_t n = x.element_count();
-    const auto bcast = [&](void* buf) {
-      return mpi::Bcast(buf, n, TypeOf(x), info.root, c.handle);
-    };
-    if (c.rank == info.root) return bcast(Unchanged(m, x, *y));
-    if (!accumulate) return bcast(m.Out(*y));
-    void* in = m.In(x);
-    return ReceiveAndAdd(x, in, m.Out(*y), bcast);
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    void* buf = c.rank == info.root ? Unchanged(m, x, *y) : m.Out(*y);
+    return mpi::Bcast(buf, x.element_count(), TypeOf(x), info.root, c.handle);
   });
 }
 
-MPIJAX_OP(Bcast, "bcast",
-          Unary<P>().template Attr<int64_t>("root").template Attr<int64_t>("accumulate"));
+MPIJAX_OP(Bcast, "bcast", Unary<P>().template Attr<int64_t>("root"));
 
-// Off the root the output is x itself (aliased), as mpi4jax returns it, or
-// zeros with identity=0 (the adjoint of scatter).
+// Off the root the output is empty: Python returns x there, as mpi4jax does.
 template <class Memory>
 ffi::Error Gather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
-                  int64_t comm, int64_t root, int64_t identity, Counts counts) {
+                  int64_t comm, int64_t root, Counts counts) {
   CallInfo info = DescribeVaried("gather", "gatherv", x, counts);
   info.root = static_cast<int>(root);
   return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
-    const bool off_root = c.rank != info.root;
     void* in = m.In(x);
-    void* out = off_root && identity ? Unchanged(m, x, *y) : m.Out(*y);
-    if (off_root && !identity) m.Zero(out, y->size_bytes());
+    void* out = c.rank == info.root ? m.Out(*y) : nullptr;
     if (counts.size() != 0) {
       return mpi::Gatherv(in, out, Elements(counts, RowOf(x)), TypeOf(x), info.root, c.handle);
     }
@@ -255,39 +243,27 @@ ffi::Error Gather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Ou
 }
 
 MPIJAX_OP(Gather, "gather",
-          Unary<P>()
-              .template Attr<int64_t>("root")
-              .template Attr<int64_t>("identity")
-              .template Attr<Counts>("counts"));
+          Unary<P>().template Attr<int64_t>("root").template Attr<Counts>("counts"));
 
-// Off the root x only gives the shape, or with accumulate the others add
-// what they receive to their x (the adjoint of gather).
+// Off the root x only gives the shape of what is received.
 template <class Memory>
 ffi::Error Scatter(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
-                   int64_t comm, int64_t root, int64_t accumulate, Counts counts) {
+                   int64_t comm, int64_t root, Counts counts) {
   CallInfo info = DescribeVaried("scatter", "scatterv", *y, counts);
   info.root = static_cast<int>(root);
-  const auto adds = [&](const Comm& c) { return accumulate && c.rank != info.root; };
-  return Run<Memory>(ctx, info, comm, adds, [&](const Comm& c, Memory& m) {
-    const bool root_here = c.rank == info.root;
-    // Off the root MPI reads nothing from x, which only needs a view to add.
-    const void* in = root_here || accumulate ? m.In(x) : nullptr;
-    const auto scatter = [&](void* buf) {
-      if (counts.size() != 0) {
-        return mpi::Scatterv(in, buf, Elements(counts, RowOf(*y)), TypeOf(x), info.root, c.handle);
-      }
-      return mpi::Scatter(in, buf, y->element_count(), TypeOf(x), info.root, c.handle);
-    };
-    if (root_here || !accumulate) return scatter(m.Out(*y));
-    return ReceiveAndAdd(x, in, m.Out(*y), scatter);
+  return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    // MPI reads nothing from x off the root.
+    const void* in = c.rank == info.root ? m.In(x) : nullptr;
+    void* out = m.Out(*y);
+    if (counts.size() != 0) {
+      return mpi::Scatterv(in, out, Elements(counts, RowOf(*y)), TypeOf(x), info.root, c.handle);
+    }
+    return mpi::Scatter(in, out, y->element_count(), TypeOf(x), info.root, c.handle);
   });
 }
 
 MPIJAX_OP(Scatter, "scatter",
-          Unary<P>()
-              .template Attr<int64_t>("root")
-              .template Attr<int64_t>("accumulate")
-              .template Attr<Counts>("counts"));
+          Unary<P>().template Attr<int64_t>("root").template Attr<Counts>("counts"));
 
 template <class Memory>
 ffi::Error Allgather(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,

@@ -695,12 +695,6 @@ int ReduceScatter(const void* in, void* out, int64_t count, MPI_Datatype type, M
   return MPI_SUCCESS;
 }
 
-int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op) {
-  return Chunked(in, inout, count, type, op, [&](const void* src, void* dst, int n) {
-    return MPI_Reduce_local(src, dst, n, type, op);
-  });
-}
-
 int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, bool exclusive,
          MPI_Comm comm) {
   return Chunked(in, out, count, type, op, [&](const void* src, void* dst, int n) {

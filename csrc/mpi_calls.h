@@ -133,8 +133,6 @@ constexpr bool ReduceCopiesInput([[maybe_unused]] int rank, [[maybe_unused]] int
 // Blocks above CountLimit() are reduced one root at a time, in chunks.
 int ReduceScatter(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,
                   MPI_Comm comm);
-// inout = in + inout (MPI_Reduce_local with `op`, chunked).
-int Accumulate(const void* in, void* inout, int64_t count, MPI_Datatype type, MPI_Op op);
 
 // exclusive: MPI_Exscan, which leaves `out` on the first rank undefined.
 int Scan(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op, bool exclusive,

@@ -131,15 +131,4 @@ void* Unchanged(Memory& m, const xla::ffi::AnyBuffer& x, xla::ffi::AnyBuffer& y)
   return out;
 }
 
-// out = in + what `receive(buffer)` puts into a host buffer shaped like x
-// (host views only).
-template <class Receive>
-int ReceiveAndAdd(const xla::ffi::AnyBuffer& x, const void* in, void* out, Receive receive) {
-  std::vector<char> received(x.size_bytes());
-  if (int rc = receive(received.data())) return rc;
-  if (in != out) std::memcpy(out, in, x.size_bytes());
-  return mpi::Accumulate(received.data(), out, x.element_count(), TypeOf(x),
-                         OpOf(static_cast<int64_t>(Reduction::kSum), x));
-}
-
 }  // namespace mpijax

@@ -64,4 +64,8 @@ def comm():
     unmatched messages for the next one."""
     c = MPI.COMM_WORLD.Dup()
     yield c
+    # Off the root, gather and reduce return x at once, so a test may end
+    # with its calls still queued: freeing the communicator under them
+    # would crash, as the README says of every communicator mpijax uses.
+    mpijax.wait()
     c.Free()

@@ -4,8 +4,10 @@ references built from every rank's input."""
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from mpi4py import MPI
 
 import mpijax
@@ -31,6 +33,44 @@ def test_gather(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.gather(x, root, comm=comm), xs[RANK])
     assert_equal(result, np.stack(xs) if RANK == root else xs[RANK])
+
+
+UPDATES = {
+    "functional": lambda x, y, i: x * 0.5 + 1.0,
+    "stencil": lambda x, y, i: x.at[1:-1].add(0.1 * (x[2:] - x[:-2])),
+    "element of the result": lambda x, y, i: x.at[i].set(y.ravel()[i + 1]),
+}
+
+
+@pytest.mark.parametrize("update", list(UPDATES))
+@pytest.mark.parametrize("op", ["gather", "gatherv", "reduce"])
+def test_off_the_root_x_is_not_copied(comm, op, update):
+    """Off the root, gather and reduce return x itself: a time loop that
+    observes its state through the call and goes on updating it compiles
+    with no more copies of the state than the same loop without the call.
+    (An output aliased to x made XLA copy x before every call there, unless
+    the update read the result.)"""
+    if SIZE == 1:
+        pytest.skip("needs a rank off the root")
+    root = SIZE - 1
+    call = {
+        "gather": lambda x: mpijax.gather(x, root, comm=comm),
+        "gatherv": lambda x: mpijax.gatherv(x, (x.shape[0],) * SIZE, root, comm=comm),
+        "reduce": lambda x: mpijax.reduce(x, MPI.SUM, root, comm=comm),
+    }[op]
+
+    def copies(observe):
+        def step(i, carry):
+            x, seen = carry
+            y = observe(x)
+            return UPDATES[update](x, y, i), seen + y.ravel()[i]
+
+        loop = jax.jit(lambda x: lax.fori_loop(0, 3, step, (x, jnp.zeros(()))))
+        text = loop.lower(jnp.ones(1024, jnp.float32)).compile().as_text()
+        return [line for line in text.splitlines() if " copy(" in line and "f32[1024]" in line]
+
+    if RANK != root:
+        assert len(copies(call)) <= len(copies(lambda x: x * 1.0)), copies(call)
 
 
 @checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import mpijax
+
 import shallow_water as sw
 
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -25,6 +27,7 @@ def run(comm):
     first = jax.jit(lambda s: sw.totals(s, CFG, comms))(state)
     state, last = jax.jit(lambda s: sw.simulate(s, STEPS, CFG, comms))(state)
     fields = [sw.gather_field(a, cart, CFG.n) for a in state]
+    mpijax.wait()  # off the root gather_field returns before its gather has run
     cart.Free()
     return fields, np.asarray(first), np.asarray(last)
 

@@ -6,9 +6,9 @@ test_autodiff.py); staged through pinned host memory and, where the MPI
 library moves device memory, CUDA-aware. Run by scripts/gpu_check.sh at 2
 ranks sharing one GPU; skipped where JAX sees none.
 
-MPIJAX_GPU_TESTS_ON=cpu runs the module on the CPU device instead, staged mode
-only (CUDA-aware needs a GPU), for checking the tests themselves where no GPU
-is."""
+MPIJAX_GPU_TESTS_ON=cpu runs the module on the CPU device instead, through the
+CPU handlers (nothing is staged; CUDA-aware needs a GPU), for checking the tests
+themselves where no GPU is."""
 
 import math
 import os

@@ -16,9 +16,10 @@ all ranks lay out their messages alike.
 """
 
 import jax.numpy as jnp
+from jax.interpreters import ad
 
 from .. import comm as _comm
-from .. import dtypes, validation
+from .. import dtypes, jax_compat, validation
 from ..primitive import batch_operands, cotangent, linear_jvp, local_primitive, mpi_primitive
 from . import reductions
 
@@ -31,7 +32,7 @@ def _size(params):
     return _comm.info(params["comm"]).size
 
 
-def _is_root(params):
+def is_root(params):
     return _rank(params) == params["root"]
 
 
@@ -66,13 +67,34 @@ def _varied(params):
     return int(bool(params.get("counts") or params.get("send_counts")))
 
 
-# bcast: the root returns x; the others what they receive, plus their own x
-# with accumulate=1 (the adjoint of reduce). In place everywhere: a loop
-# carry then needs no copy.
-def _bcast_transpose(cts, x, *, comm, root, accumulate):
-    if accumulate:
-        return reductions.reduce_p.bind(cotangent(cts), comm=comm, op=reductions.SUM, root=root)
-    return [bcast_adjoint_p.bind(cotangent(cts), comm=comm, root=root)]
+def root_only(out, x, params):
+    """The result of a call whose output only the root needs (reduce, gather):
+    off the root the primitive outputs nothing and `x` is returned as it is,
+    so XLA never copies `x` to give the call a buffer that it would not
+    write."""
+    return out if is_root(params) else x
+
+
+def nothing(x):
+    """The output of a rank that needs none: an empty array."""
+    return x.update(shape=(0,))
+
+
+def receive_buffer(cts, x, params):
+    """The cotangent of a rooted call's result, as its adjoint's operand: off
+    the root, where the result had no cotangent, zeros to receive into."""
+    return cotangent(cts) if is_root(params) else jax_compat.transposed_receive_buffer(x.aval)
+
+
+# bcast: the root returns x; the others what they receive. In place
+# everywhere: a loop carry then needs no copy. replicated=1 is the op, whose
+# result counts once; replicated=0 is the adjoint of reduce, received into
+# zeros off the root.
+def _bcast_transpose(cts, x, *, comm, root, replicated):
+    if replicated:
+        return [bcast_adjoint_p.bind(cotangent(cts), comm=comm, root=root)]
+    (total,) = reductions.reduce_p.bind(cotangent(cts), comm=comm, op=reductions.SUM, root=root)
+    return [total if is_root(dict(comm=comm, root=root)) else ad.Zero(x.aval)]
 
 
 bcast_p = mpi_primitive(
@@ -82,38 +104,44 @@ bcast_p = mpi_primitive(
     jvp=linear_jvp,
     transpose=_bcast_transpose,
     batch=_batcher(lambda p: 0, lambda p: 0),
+    attributes=("comm", "root"),
 )
 # The root's x alone made the result, so only the root gets its cotangent.
 bcast_adjoint_p = local_primitive(
     "bcast_adjoint",
-    lambda ct, *, comm, root: ct if _is_root(dict(comm=comm, root=root)) else jnp.zeros_like(ct),
-    transpose=lambda ct, x, *, comm, root: bcast_p.bind(cotangent(ct), comm=comm, root=root, accumulate=0),
+    lambda ct, *, comm, root: ct if is_root(dict(comm=comm, root=root)) else jnp.zeros_like(ct),
+    transpose=lambda ct, x, *, comm, root: bcast_p.bind(cotangent(ct), comm=comm, root=root, replicated=1),
     batch=lambda prim, args, dims, **p: (prim.bind(*args, **p), dims[0]),
 )
 
-# gather: off the root, x (identity=1, what mpi4jax returns) or zeros
-# (identity=0, the adjoint of scatter).
+
+# gather: only the root has a result; its adjoint scatters the cotangent.
+def _gather_transpose(cts, x, *, comm, root, counts):
+    params = dict(comm=comm, root=root, counts=counts)
+    return scatter_p.bind(receive_buffer(cts, x, params), **params)
+
+
+def _scatter_transpose(cts, x, *, comm, root, counts):
+    params = dict(comm=comm, root=root, counts=counts)
+    (stacked,) = gather_p.bind(cotangent(cts), **params)
+    # Off the root x only gave the shape.
+    return [stacked if is_root(params) else ad.Zero(x.aval)]
+
+
 gather_p = mpi_primitive(
     "gather",
-    lambda x, **p: [_stacked(x, p["counts"], p) if _is_root(p) else x],
-    lambda x, **p: {0: 0} if not _is_root(p) and p["identity"] else None,
+    lambda x, **p: [_stacked(x, p["counts"], p) if is_root(p) else nothing(x)],
     jvp=linear_jvp,
-    transpose=lambda cts, x, *, comm, root, identity, counts: scatter_p.bind(
-        cotangent(cts), comm=comm, root=root, accumulate=identity, counts=counts
-    ),
-    batch=_batcher(_varied, lambda p: 1 if _is_root(p) else _varied(p)),
+    transpose=_gather_transpose,
+    batch=_batcher(_varied, lambda p: 1 if is_root(p) else None),
 )
-# scatter: off the root, x gives the shape, or is added to what is received
-# with accumulate=1 (the adjoint of gather).
+# scatter: off the root, x only gives the shape.
 scatter_p = mpi_primitive(
     "scatter",
-    lambda x, **p: [_block(x, p["counts"], p) if _is_root(p) else x],
-    lambda x, **p: {0: 0} if not _is_root(p) and p["accumulate"] else None,
+    lambda x, **p: [_block(x, p["counts"], p) if is_root(p) else x],
     jvp=linear_jvp,
-    transpose=lambda cts, x, *, comm, root, accumulate, counts: gather_p.bind(
-        cotangent(cts), comm=comm, root=root, identity=accumulate, counts=counts
-    ),
-    batch=_batcher(lambda p: 1 if _is_root(p) else _varied(p), _varied),
+    transpose=_scatter_transpose,
+    batch=_batcher(lambda p: 1 if is_root(p) else _varied(p), _varied),
 )
 
 
@@ -185,7 +213,7 @@ def bcast(x, root, *, comm=None, token=validation.NOTSET):
     dtype of the result; on the root, `x` is returned."""
     validation.no_token(token, "bcast")
     x, root, comm = _rooted("bcast", x, root, comm)
-    return bcast_p.bind(x, comm=comm.id, root=root, accumulate=0)[0]
+    return bcast_p.bind(x, comm=comm.id, root=root, replicated=1)[0]
 
 
 def gather(x, root, *, comm=None, token=validation.NOTSET):
@@ -193,7 +221,8 @@ def gather(x, root, *, comm=None, token=validation.NOTSET):
     root, `x` is returned unchanged."""
     validation.no_token(token, "gather")
     x, root, comm = _rooted("gather", x, root, comm)
-    return gather_p.bind(x, comm=comm.id, root=root, identity=1, counts=())[0]
+    params = dict(comm=comm.id, root=root, counts=())
+    return root_only(gather_p.bind(x, **params)[0], x, params)
 
 
 def scatter(x, root, *, comm=None, token=validation.NOTSET):
@@ -203,7 +232,7 @@ def scatter(x, root, *, comm=None, token=validation.NOTSET):
     x, root, comm = _rooted("scatter", x, root, comm)
     if comm.rank == root:
         _leading_axis(x, comm, "mpijax.scatter: Scatter input", " on the root")
-    return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0, counts=())[0]
+    return scatter_p.bind(x, comm=comm.id, root=root, counts=())[0]
 
 
 def allgather(x, *, comm=None, token=validation.NOTSET):
@@ -246,7 +275,8 @@ def gatherv(x, counts, root, *, comm=None):
     comm, x, counts = _varied_call("gatherv", x, counts, comm)
     root = validation.rank(root, "root", comm, "gatherv")
     validation.leading(x, counts[comm.rank], "gatherv", f"(counts[{comm.rank}] rows on rank {comm.rank})")
-    return gather_p.bind(x, comm=comm.id, root=root, identity=1, counts=counts)[0]
+    params = dict(comm=comm.id, root=root, counts=counts)
+    return root_only(gather_p.bind(x, **params)[0], x, params)
 
 
 def scatterv(x, counts, root, *, comm=None):
@@ -259,7 +289,7 @@ def scatterv(x, counts, root, *, comm=None):
         validation.leading(x, sum(counts), "scatterv", "(sum(counts) rows on the root)")
     else:
         validation.leading(x, counts[comm.rank], "scatterv", f"(counts[{comm.rank}] rows on rank {comm.rank})")
-    return scatter_p.bind(x, comm=comm.id, root=root, accumulate=0, counts=counts)[0]
+    return scatter_p.bind(x, comm=comm.id, root=root, counts=counts)[0]
 
 
 def alltoallv(x, send_counts, recv_counts, *, comm=None):

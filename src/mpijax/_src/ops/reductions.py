@@ -46,7 +46,8 @@ def _allreduce_transpose(cts, x, *, comm, op):
 
 def _reduce_transpose(cts, x, *, comm, op, root):
     _linear_only(op, "reduce")
-    return collectives.bcast_p.bind(cotangent(cts), comm=comm, root=root, accumulate=1)
+    params = dict(comm=comm, root=root)
+    return collectives.bcast_p.bind(collectives.receive_buffer(cts, x, params), **params, replicated=0)
 
 
 def _reduce_scatter_transpose(cts, x, *, comm, op):
@@ -100,17 +101,13 @@ def _reduce_jvp(prim, primals, tangents, *, comm, op, root):
     if op == SUM:
         return linear_jvp(prim, primals, tangents, comm=comm, op=op, root=root)
     (x,), (t,) = primals, tangents
-    t = ad.instantiate_zeros(t)
-    root_here = _comm.info(comm).rank == root
     if op == PROD:
         y, everywhere = reduce_p.bind_primal(x, comm=comm, op=op, root=root), None
     else:  # MIN and MAX compare with the result on every rank
         (everywhere,) = allreduce_p.bind_primal(x, comm=comm, op=op)
-        y = [everywhere if root_here else x]
-    # Off the root the result is x, whose tangent is t.
+        y = [everywhere if collectives.is_root(dict(comm=comm, root=root)) else jnp.zeros((0,), x.dtype)]
     w = _weights(x, everywhere, comm, op)
-    (total,) = reduce_p.bind(w * t, comm=comm, op=SUM, root=root)
-    return y, [total if root_here else t]
+    return y, reduce_p.bind(w * ad.instantiate_zeros(t), comm=comm, op=SUM, root=root)
 
 
 def _reduce_scatter_jvp(prim, primals, tangents, *, comm, op):
@@ -182,14 +179,17 @@ allreduce_adjoint_p = local_primitive(
     transpose=lambda ct, x, *, comm: allreduce_p.bind(cotangent(ct), comm=comm, op=SUM),
     batch=lambda prim, args, dims, **p: (prim.bind(*args, **p), dims[0]),
 )
-# Off the root, reduce returns x (what mpi4jax returns), in place.
+# Only the root has a result (reduce returns x off the root, as mpi4jax does).
 reduce_p = mpi_primitive(
     "reduce",
-    _same,
-    _in_place,
+    lambda x, **p: [x if collectives.is_root(p) else collectives.nothing(x)],
+    lambda x, **p: {0: 0} if collectives.is_root(p) else None,
     jvp=_reduce_jvp,
     transpose=_reduce_transpose,
-    batch=_batch_first,
+    batch=lambda prim, args, dims, **p: (
+        prim.bind(*batch_operands(args, dims, [0]), **p),
+        [0 if collectives.is_root(p) else None],
+    ),
 )
 # Rank r gets the reduction of every rank's slice r (x: shape (nproc, ...)).
 reduce_scatter_p = mpi_primitive(
@@ -249,7 +249,8 @@ def reduce(x, op, root, *, comm=None, token=validation.NOTSET):
     validation.no_token(token, "reduce")
     x, comm, code = _prepare(x, op, comm, "reduce")
     root = validation.rank(root, "root", comm, "reduce")
-    return reduce_p.bind(x, comm=comm.id, op=code, root=root)[0]
+    params = dict(comm=comm.id, root=root)
+    return collectives.root_only(reduce_p.bind(x, op=code, **params)[0], x, params)
 
 
 def scan(x, op, *, comm=None, token=validation.NOTSET):
