@@ -14,10 +14,12 @@ first loop of its group:
   the identity, zeros, which it writes); mpi4py in place, leaving rank 0's
   buffer as MPI leaves it, undefined and unchanged (what raw_mpi.cc did
   before it set the identity); the same, then rank 0 writes zeros.
-- gatherv to root 0, varied.py's counts: mpijax with x used after the call
-  (varied.py's loop: off the root the result aliases x, so XLA copies x
-  before each call and MPI sends the copy); mpijax with the off-root result
-  fed back (no copy); mpi4py of the unchanged x; mpi4py of a fresh copy.
+- gatherv to root 0, varied.py's counts: mpijax with x written after the
+  call (varied.py's loop writes one element of the result into x: off the
+  root the result is x itself, the call reads x while the loop writes it in
+  place, and XLA, which does not order the two, hands the call a copy of x,
+  which MPI sends); mpijax with the off-root result fed back (no copy);
+  mpi4py of the unchanged x; mpi4py of a fresh copy.
   Below the mpijax loops, the copies in their compiled loop bodies, by rank
   (loop_copies.py).
 
