@@ -38,6 +38,12 @@ CASES = {
         "if rank == 0:\n    M.send(jnp.ones(4), 1)\nelse:\n    print(M.recv(jnp.zeros(2), 0))",
     ),
     "send to oneself, 8 B, then recv": (1, "M.send(jnp.ones(1), 0)\nprint(M.recv(jnp.zeros(1), 0))"),
+    "a message to oneself longer than its receive": (1, "M.send(jnp.arange(4.0), 0)\nprint(M.recv(jnp.zeros(2), 0))"),
+    "sendrecv with oneself, longer than its receive": (1, "print(M.sendrecv(jnp.arange(4.0), jnp.zeros(2), 0, 0))"),
+    "int8 sum of 100 + 100, 1000 elements (first, last)": (
+        2,
+        "print(M.allreduce(jnp.full(1000, 100, jnp.int8), MPI.SUM)[jnp.array([0, 999])])",
+    ),
     "send to oneself, 8 MiB, then recv": (
         1,
         "M.send(jnp.ones(2**20), 0)\nprint(M.recv(jnp.zeros(2**20), 0).sum())",
