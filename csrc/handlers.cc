@@ -187,10 +187,13 @@ ffi::Error ReduceScatter(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::To
 MPIJAX_OP(ReduceScatter, "reduce_scatter", Unary<P>().template Attr<int64_t>("op"));
 
 // reverse: over the ranks in reverse order (suffix scans, the transpose of a
-// scan). exclusive: MPI_Exscan (Python fills the first rank's result).
+// scan). exclusive: MPI_Exscan, which defines nothing on the first rank: the
+// handler writes `identity` (one element's bytes) there, in place, so that a
+// loop feeding the result back copies nothing.
 template <class Memory>
 ffi::Error Scan(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
-                int64_t comm, int64_t op, int64_t reverse, int64_t exclusive) {
+                int64_t comm, int64_t op, int64_t reverse, int64_t exclusive,
+                ffi::Span<const uint8_t> identity) {
   static constexpr const char* kNames[2][2] = {{"scan", "exscan"},
                                                {"scan(reverse)", "exscan(reverse)"}};
   CallInfo info = Describe(kNames[reverse != 0][exclusive != 0], x);
@@ -200,8 +203,13 @@ ffi::Error Scan(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out 
     if (reverse) {
       if (int rc = ReversedComm(c.handle, &target)) return rc;
     }
-    return mpi::Scan(m.In(x), m.Out(*y), x.element_count(), TypeOf(x), OpOf(op, x), exclusive != 0,
-                     target);
+    void* out = m.Out(*y);
+    const int rc =
+        mpi::Scan(m.In(x), out, x.element_count(), TypeOf(x), OpOf(op, x), exclusive != 0, target);
+    if (rc == MPI_SUCCESS && exclusive && c.rank == (reverse ? c.size - 1 : 0)) {
+      Fill(m, out, identity, y->size_bytes());
+    }
+    return rc;
   });
 }
 
@@ -209,7 +217,8 @@ MPIJAX_OP(Scan, "scan",
           Unary<P>()
               .template Attr<int64_t>("op")
               .template Attr<int64_t>("reverse")
-              .template Attr<int64_t>("exclusive"));
+              .template Attr<int64_t>("exclusive")
+              .template Attr<ffi::Span<const uint8_t>>("identity"));
 
 // In place (aliased): the root sends x and returns it; the others receive
 // over theirs.

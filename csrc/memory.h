@@ -11,12 +11,15 @@
 //                through MPI or Copy/Zero;
 // and the same buffer always gives the same view, so `in == out` still tells
 // an in-place call. A call takes its views in any order, all of them before
-// it writes to one. Copy and Zero work on views of any kind. Finish() hands
+// it writes to one. Copy and Zero (and Fill, below) work on views of any
+// kind. Finish() hands
 // the outputs back after a successful call; error() is empty unless the
 // policy itself failed (a CUDA error), and then the views are not to be used.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -37,5 +40,24 @@ class HostMemory {
   void Finish() const {}
   std::string error() const { return {}; }
 };
+
+// Writes `element` over the `bytes` of view `out`: the first copy from the
+// host, then doubling copies within `out`, which the policy's Copy makes in
+// any memory; a zero element is one Zero.
+template <class Memory>
+void Fill(Memory& m, void* out, xla::ffi::Span<const uint8_t> element, size_t bytes) {
+  if (bytes == 0) return;
+  if (std::all_of(element.begin(), element.end(), [](uint8_t b) { return b == 0; })) {
+    m.Zero(out, bytes);
+    return;
+  }
+  char* to = static_cast<char*>(out);
+  m.Copy(to, element.begin(), element.size());
+  for (size_t done = element.size(); done < bytes;) {
+    const size_t n = std::min(done, bytes - done);
+    m.Copy(to + done, to, n);
+    done += n;
+  }
+}
 
 }  // namespace mpijax

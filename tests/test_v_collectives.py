@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import DTYPES, MODES, RANK, SIZE, all_data, assert_equal, checkerboard, data, np_dtype
+from reference import BIG, DTYPES, MODES, RANK, SIZE, all_data, assert_equal, checkerboard, data, np_dtype
 
 ROOTS = list(range(SIZE))
 # Rows per rank: uneven (rank r has r + 1), some ranks with none, one rank with all.
@@ -138,6 +138,15 @@ def test_exscan(comm, mode, dtype, op, shape):
     got = run(mode, lambda x: mpijax.exscan(x, getattr(MPI, op), comm=comm), xs[RANK])
     want = fold(op, xs[:RANK], dtype) if RANK else np.full(shape, identity(op, dtype))
     assert_equal(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exscan_large_odd(comm, mode):
+    """8 MiB and one element more: rank 0's identity (-inf for MAX) is
+    written over the whole result, not only its start."""
+    xs = all_data((BIG // 4 + 1,), "float32")
+    want = np.max(xs[:RANK], axis=0) if RANK else np.full(xs[0].shape, -np.inf, np.float32)
+    assert_equal(run(mode, lambda x: mpijax.exscan(x, MPI.MAX, comm=comm), xs[RANK]), want)
 
 
 def test_exscan_with_a_user_defined_op_gives_zeros_on_rank_0(comm):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fake_cudart.h"
+#include "memory.h"
 
 namespace mpijax {
 namespace {
@@ -169,6 +170,35 @@ TEST_F(CudaMemoryTest, AfterACudaErrorMpiSeesHostScratchAndNothingGoesBack) {
     EXPECT_EQ(huge.data()[0], 0) << "nothing is copied back after an error";
   }
   EXPECT_EQ(fake_cudart::counts().to_device, 0);
+}
+
+// Fill (memory.h) through each policy: an element of 4 bytes over 7 floats
+// (doubling copies, the last one partial), and a zero element.
+TEST_F(CudaMemoryTest, FillWritesTheElementOverTheWholeView) {
+  const float value = 2.5f;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&value);
+  const std::vector<uint8_t> zero(4, 0);
+  for (const auto& element : {std::vector<uint8_t>(bytes, bytes + 4), zero}) {
+    const float want = element == zero ? 0.0f : value;
+    const auto fill = [&](auto& m, xla::ffi::AnyBuffer& y) {
+      Fill(m, m.Out(y), xla::ffi::Span<const uint8_t>(element), y.size_bytes());
+      m.Finish();
+      EXPECT_EQ(m.error(), "");
+    };
+    for (bool aware : {false, true}) {
+      SetCudaAware(aware);
+      DeviceBuffer y(7, 100);
+      auto yb = y.buffer();
+      CudaMemory m(Stream(), false);
+      fill(m, yb);
+      EXPECT_EQ(y.data(), std::vector<float>(7, want)) << "CUDA-aware: " << aware;
+    }
+    DeviceBuffer host(7, 100);
+    auto hb = host.buffer();
+    HostMemory h(HostMemory::Context{}, false);
+    fill(h, hb);
+    EXPECT_EQ(host.data(), std::vector<float>(7, want));
+  }
 }
 
 TEST_F(CudaMemoryTest, EmptyBuffersMoveNothing) {

@@ -119,7 +119,8 @@ def mpi_primitive(
     the batch.
     (A call without operands, barrier, has no jvp and no batch rule.)
     attributes: the params passed to the handler, as int64 attributes of the
-    same name, or int64 arrays where they are tuples (default: all); the
+    same name, int64 arrays where they are tuples and uint8 arrays where bytes
+    (default: all); the
     others only steer the Python rules.
     routed: the last operand is a route (point_to_point.py).
     aligned: whether MpiPrimitive aligns the operands with the transformations
@@ -146,11 +147,7 @@ def mpi_primitive(
             avals_in=[*ctx.avals_in, jax_compat.abstract_token],
             avals_out=[*ctx.avals_out, jax_compat.abstract_token],
         )
-        attrs = {
-            k: np.array(v, np.int64) if isinstance(v, tuple) else v
-            for k, v in params.items()
-            if attributes is None or k in attributes
-        }
+        attrs = {k: _attribute(v) for k, v in params.items() if attributes is None or k in attributes}
         *results, token = rule(with_token, *operands, token, **attrs)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
         return results
@@ -160,6 +157,14 @@ def mpi_primitive(
     jax_compat.stage_mpi_calls(prim, prim.check_transposable)
     _define_rules(prim, jvp, transpose, batch)
     return prim
+
+
+def _attribute(value):
+    """A param as the handler's attribute: tuples become int64 arrays, bytes
+    uint8 arrays."""
+    if isinstance(value, tuple):
+        return np.array(value, np.int64)
+    return np.frombuffer(value, np.uint8) if isinstance(value, bytes) else value
 
 
 def _define_rules(prim, jvp, transpose, batch):

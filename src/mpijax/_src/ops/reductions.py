@@ -55,11 +55,11 @@ def _reduce_scatter_transpose(cts, x, *, comm, op):
     return collectives.allgather_p.bind(cotangent(cts), comm=comm, counts=(), replicated=0)
 
 
-def _scan_transpose(cts, x, *, comm, op, reverse, exclusive):
+def _scan_transpose(cts, x, *, comm, op, reverse, exclusive, identity):
     _linear_only(op, "scan")
     if exclusive:  # over the ranks after this one (before, if reverse)
         return [exclusive_scan(cotangent(cts), comm, SUM, not reverse)]
-    return scan_p.bind(cotangent(cts), comm=comm, op=op, reverse=1 - reverse, exclusive=0)
+    return scan_p.bind(cotangent(cts), comm=comm, op=op, reverse=1 - reverse, exclusive=0, identity=b"")
 
 
 def _differentiable(op, name):
@@ -124,12 +124,13 @@ def _reduce_scatter_jvp(prim, primals, tangents, *, comm, op):
     return y, reduce_scatter_p.bind(w * ad.instantiate_zeros(t), comm=comm, op=SUM)
 
 
-def _scan_jvp(prim, primals, tangents, *, comm, op, reverse, exclusive):
+def _scan_jvp(prim, primals, tangents, *, comm, op, reverse, exclusive, identity):
     _differentiable(op, "scan")
+    params = dict(comm=comm, op=op, reverse=reverse, exclusive=exclusive, identity=identity)
     if op == SUM:
-        return linear_jvp(prim, primals, tangents, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+        return linear_jvp(prim, primals, tangents, **params)
     (x,), (t,) = primals, tangents
-    y = scan_p.bind_primal(x, comm=comm, op=op, reverse=reverse, exclusive=exclusive)
+    y = scan_p.bind_primal(x, **params)
     return y, [_gathered_tangent(x, ad.instantiate_zeros(t), comm, op, reverse, exclusive)]
 
 
@@ -200,7 +201,8 @@ reduce_scatter_p = mpi_primitive(
     batch=lambda prim, args, dims, **p: (prim.bind(*batch_operands(args, dims, [1]), **p), [0]),
 )
 # reverse: over the ranks in reverse order (suffix); exclusive: MPI_Exscan,
-# whose result on the first rank the callers fill in (exclusive_scan).
+# with `identity` (one element's bytes) written on the first rank by the
+# handler, in place, where MPI defines nothing (exclusive_scan).
 scan_p = mpi_primitive(
     "scan",
     _same,
@@ -257,7 +259,7 @@ def scan(x, op, *, comm=None, token=validation.NOTSET):
     """Inclusive prefix reduction: rank r gets op(x_0, ..., x_r)."""
     validation.no_token(token, "scan")
     x, comm, code = _prepare(x, op, comm, "scan")
-    return scan_p.bind(x, comm=comm.id, op=code, reverse=0, exclusive=0)[0]
+    return scan_p.bind(x, comm=comm.id, op=code, reverse=0, exclusive=0, identity=b"")[0]
 
 
 def reduce_scatter(x, op, *, comm=None):
@@ -297,7 +299,5 @@ def identity(op, dtype):
 def exclusive_scan(x, comm, op, reverse):
     """op over the ranks before this one (after it, if reverse): the
     identity of op on the first rank, where MPI_Exscan defines nothing."""
-    (y,) = scan_p.bind(x, comm=comm, op=op, reverse=int(reverse), exclusive=1)
-    info = _comm.info(comm)
-    first = info.size - 1 if reverse else 0
-    return jnp.full_like(x, identity(op, x.dtype)) if info.rank == first else y
+    fill = identity(op, x.dtype).tobytes()
+    return scan_p.bind(x, comm=comm, op=op, reverse=int(reverse), exclusive=1, identity=fill)[0]
