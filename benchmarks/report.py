@@ -167,7 +167,7 @@ sendrecv_inplace's, whose result cannot be written over the array it sends and i
 into the loop's carry (both for mpi4jax too); mpi4jax's allreduce loop copies the message every
 iteration (`loop_copies.log`, from `benchmarks/loop_copies.py`). So mpijax's and mpi4jax's alltoall
 send memory written since their last call, and the C++ reference's does not; on this machine,
-sending such memory cost 1.8 to 6.9 times as much as resending an unchanged buffer at 1 MiB
+sending such memory cost 1.6 to 7.3 times as much as resending an unchanged buffer at 1 MiB
 ([performance.md](../performance.md#memory-written-just-before-it-is-sent))."""
 
 
