@@ -235,6 +235,8 @@ def main():
     parser.add_argument("--output", type=pathlib.Path)
     parser.add_argument("--only", nargs="+", metavar="STAGE",
                         help="run only these stages and keep the others' results from the output folder")  # fmt: skip
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS,
+                        help="the close stage's operations (with --only close, the others' results stay)")  # fmt: skip
     args = parser.parse_args()
     args.output = args.output or ROOT / "docs" / "benchmarks" / ("gpu" if args.gpu else "")
     sizes = GPU_SIZES if args.gpu else list(MARKS) if args.quick else [2**k for k in range(3, 27)]
@@ -246,9 +248,14 @@ def main():
 
     results, minutes, failed, rotation = [], 0.0, [], None
     saved = args.output / "results.json"
+    date, reruns = time.strftime("%Y-%m-%d"), []
     if args.only:
         previous = json.loads(saved.read_text())
-        results = [r for r in previous["results"] if r.get("stage") not in args.only]
+        ops = f" ({', '.join(args.ops)})" if "close" in args.only and args.ops != OPS else ""
+        reruns = [*previous["setup"].get("reruns", []), f"{date}: {', '.join(args.only)}{ops}"]
+        date = previous["setup"]["date"]
+        rerun = lambda r: r.get("stage") in args.only and (r["stage"] != "close" or r["op"] in args.ops)  # noqa: E731
+        results = [r for r in previous["results"] if not rerun(r)]
         minutes = previous["setup"]["minutes"]
         rotation = previous["setup"].get("interleaved")
     have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None
@@ -256,7 +263,7 @@ def main():
         print("== close: the C++ reference, mpijax (and in check mode)" + (", mpi4jax" if have_mpi4jax else "")
               + ", mpi4py, JAX shard_map, interleaved", flush=True)  # fmt: skip
         rotation = servers(reps, have_mpi4jax)
-        left_out = interleaved(rotation, sizes, rounds, results)
+        left_out = interleaved(rotation, sizes, rounds, results, args.ops)
         rotation = [name for name in rotation if name not in left_out]
         failed += left_out
     for stage, ranks, command in stages(sizes, reps * rounds, calls, args.gpu):
@@ -271,7 +278,7 @@ def main():
 
     args.output.mkdir(parents=True, exist_ok=True)
     setup = {
-        "date": time.strftime("%Y-%m-%d"),
+        "date": date,  # of the first run; `reruns` says which stages ran again, when
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "mpi": subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
         "python": platform.python_version(),
@@ -288,6 +295,7 @@ def main():
         # come from runs where mpi4py and JAX ran one after the other, and
         # mpi4py's allgather did not convert its result back to JAX.
         **({"interleaved": rotation} if rotation is not None else {}),
+        **({"reruns": reruns} if reruns else {}),
     }
     saved.write_text(json.dumps({"setup": setup, "results": results}, indent=1))
     from report import write_gpu_report, write_report  # matplotlib only here

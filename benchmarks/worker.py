@@ -63,15 +63,19 @@ def slowest(seconds):
 # operations a step); sendrecv_inplace receives into the array it sends, the
 # README's idiom. raw_mpi.cc moves its data the same way.
 # allgather and alltoall, whose result has another shape, write one element of
-# it, at an index XLA cannot know in advance, back into their input.
+# it, at an index XLA cannot know in advance, back into their input, indexed
+# in the input's own shape: an update through a flattened view (ravel, then
+# reshape back) made XLA copy alltoall's 2-d input every step.
 
 
 def _fed_one_element(collective):
+    def index(i, a):  # element i % a.size of `a`, as a start index per axis
+        return jnp.unravel_index(i % a.size, a.shape)
+
     def step(i, x):
-        result = collective(x).ravel()
-        flat = x.ravel()
-        element = lax.dynamic_index_in_dim(result, i % result.size, keepdims=False)
-        return lax.dynamic_update_index_in_dim(flat, element, i % flat.size, 0).reshape(x.shape)
+        result = collective(x)
+        element = lax.dynamic_slice(result, index(i, result), (1,) * result.ndim)
+        return lax.dynamic_update_slice(x, element.reshape((1,) * x.ndim), index(i, x))
 
     return (lambda x: x), step, 1
 
