@@ -82,10 +82,11 @@ def _swing(table):
 
 
 def _method(setup, table):
+    reruns = "".join(f"; rerun {r}" for r in setup.get("reruns", []))
     return f"""## Method
 
 OSU micro-benchmark style, on {setup["machine"]}, {setup["mpi"]}, Python {setup["python"]},
-{setup["date"]}{" (quick run)" if setup["quick"] else ""}. Two ranks under `mpirun -n 2`,
+{setup["date"]}{" (quick run)" if setup["quick"] else ""}{reruns}. Two ranks under `mpirun -n 2`,
 each bound to a core, with one XLA thread per rank
 (`XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`). {_pages(setup)}
 
@@ -161,14 +162,14 @@ over 9 rounds, mpijax took 0.48 to 1.28 times the C++ reference's time on the sa
 plain, or both huge), while the reference's own time for one case changed up to 3.2 times from
 one start of its processes to the next: this machine cannot resolve the 95 % target from 1 MiB
 up.
-mpijax's compiled loops have no copy of the message except alltoall's, where the benchmark's
-write-back into the reshaped input costs one copy of the input per iteration, and
-sendrecv_inplace's, whose result cannot be written over the array it sends and is copied back
-into the loop's carry (both for mpi4jax too); mpi4jax's allreduce loop copies the message every
-iteration (`loop_copies.log`, from `benchmarks/loop_copies.py`). So mpijax's and mpi4jax's alltoall
-send memory written since their last call, and the C++ reference's does not; on this machine,
-sending such memory cost 1.6 to 7.3 times as much as resending an unchanged buffer at 1 MiB
-([performance.md](../performance.md#memory-written-just-before-it-is-sent))."""
+mpijax's compiled loops have no copy of the message except sendrecv_inplace's, whose result
+cannot be written over the array it sends and is copied back into the loop's carry (for
+mpi4jax too); mpi4jax's allreduce loop copies the message every iteration (`loop_copies.log`,
+from `benchmarks/loop_copies.py`). Such a loop sends memory written since its last call, which
+on this machine cost 1.6 to 7.3 times as much as resending an unchanged buffer at 1 MiB
+([performance.md](../performance.md#memory-written-just-before-it-is-sent)). The allgather and
+alltoall rows are from a rerun after the loops' write-back stopped going through a flattened
+view of the input, which had made XLA copy alltoall's input every iteration in both bindings."""
 
 
 def _targets(table):
