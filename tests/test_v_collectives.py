@@ -149,6 +149,21 @@ def test_exscan_large_odd(comm, mode):
     assert_equal(run(mode, lambda x: mpijax.exscan(x, MPI.MAX, comm=comm), xs[RANK]), want)
 
 
+def test_exscan_fed_back_adds_no_copy(comm):
+    """x = exscan(x) in a loop compiles with no more copies of x, on any rank,
+    than the same loop without the call: the handler writes rank 0's identity
+    in place. (A constant made in Python there cost two copies per call on
+    rank 0.)"""
+
+    def copies(step):
+        loop = jax.jit(lambda x: jax.lax.fori_loop(0, 3, lambda i, x: step(x), x))
+        text = loop.lower(jnp.ones(1024, jnp.float32)).compile().as_text()
+        return [line for line in text.splitlines() if " copy(" in line and "f32[1024]" in line]
+
+    with_call = copies(lambda x: mpijax.exscan(x, MPI.SUM, comm=comm))
+    assert len(with_call) <= len(copies(lambda x: x * 1.0)), with_call
+
+
 def test_exscan_with_a_user_defined_op_gives_zeros_on_rank_0(comm):
     """(1 + a)(1 + b) - 1, an op no predefined one computes."""
 
