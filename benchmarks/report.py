@@ -167,9 +167,7 @@ cannot be written over the array it sends and is copied back into the loop's car
 mpi4jax too); mpi4jax's allreduce loop copies the message every iteration (`loop_copies.log`,
 from `benchmarks/loop_copies.py`). Such a loop sends memory written since its last call, which
 on this machine cost 1.6 to 7.3 times as much as resending an unchanged buffer at 1 MiB
-([performance.md](../performance.md#memory-written-just-before-it-is-sent)). The allgather and
-alltoall rows are from a rerun after the loops' write-back stopped going through a flattened
-view of the input, which had made XLA copy alltoall's input every iteration in both bindings."""
+([performance.md](../performance.md#memory-written-just-before-it-is-sent))."""
 
 
 def _targets(table):

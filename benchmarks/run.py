@@ -254,8 +254,11 @@ def main():
         ops = f" ({', '.join(args.ops)})" if "close" in args.only and args.ops != OPS else ""
         reruns = [*previous["setup"].get("reruns", []), f"{date}: {', '.join(args.only)}{ops}"]
         date = previous["setup"]["date"]
-        rerun = lambda r: r.get("stage") in args.only and (r["stage"] != "close" or r["op"] in args.ops)  # noqa: E731
-        results = [r for r in previous["results"] if not rerun(r)]
+        results = [
+            r
+            for r in previous["results"]
+            if r.get("stage") not in args.only or (r["stage"] == "close" and r["op"] not in args.ops)
+        ]
         minutes = previous["setup"]["minutes"]
         rotation = previous["setup"].get("interleaved")
     have_mpi4jax = importlib.util.find_spec("mpi4jax") is not None

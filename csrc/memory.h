@@ -12,9 +12,9 @@
 // and the same buffer always gives the same view, so `in == out` still tells
 // an in-place call. A call takes its views in any order, all of them before
 // it writes to one. Copy and Zero (and Fill, below) work on views of any
-// kind. Finish() hands
-// the outputs back after a successful call; error() is empty unless the
-// policy itself failed (a CUDA error), and then the views are not to be used.
+// kind. Finish() hands the outputs back after a successful call; error() is
+// empty unless the policy itself failed (a CUDA error), and then the views
+// are not to be used.
 #pragma once
 
 #include <algorithm>

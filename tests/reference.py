@@ -92,6 +92,14 @@ def big_vector(rank, dtype=np.float32):
     return jnp.arange(n, dtype=dtype) + rank
 
 
+def hlo_copies(jitted, x):
+    """The copies of float32 arrays shaped like `x` in the compiled HLO of
+    `jitted` applied to `x`: what XLA copies to make room for a call."""
+    text = jitted.lower(x).compile().as_text()
+    kind = f"f32[{','.join(map(str, x.shape))}]"
+    return [line for line in text.splitlines() if " copy(" in line and kind in line]
+
+
 def transposed(f, example):
     """jax.linear_transpose of the one-argument linear `f` at `example`'s
     shape, as a one-argument function (so that it can be transposed again)."""

@@ -120,8 +120,7 @@ def mpi_primitive(
     (A call without operands, barrier, has no jvp and no batch rule.)
     attributes: the params passed to the handler, as int64 attributes of the
     same name, int64 arrays where they are tuples and uint8 arrays where bytes
-    (default: all); the
-    others only steer the Python rules.
+    (default: all); the others only steer the Python rules.
     routed: the last operand is a route (point_to_point.py).
     aligned: whether MpiPrimitive aligns the operands with the transformations
     (False where the rules need to see which operands truly have tangents).
