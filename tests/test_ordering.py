@@ -205,6 +205,16 @@ LOOPS = {
         lambda x: ring_step(jax.jit(lambda y: ring_step(ring_step(y, comm), comm))(x), comm)
     )(x),
     "remat": lambda x, comm: jax.checkpoint(lambda x: ring_step(ring_step(ring_step(x, comm), comm), comm))(x),
+    # Each rank takes another branch, and every branch makes the same calls.
+    "switch on the rank": lambda x, comm: lax.switch(
+        RANK % 3,
+        [
+            lambda x: ring_step(ring_step(ring_step(x, comm), comm), comm),
+            lambda x: lax.fori_loop(0, 3, lambda i, x: ring_step(x, comm), x),
+            lambda x: lax.scan(lambda x, _: (ring_step(x, comm), None), x, None, length=3)[0],
+        ],
+        x,
+    ),
 }
 
 
@@ -212,6 +222,39 @@ LOOPS = {
 def test_control_flow(comm, loop):
     result = jax.jit(lambda x: LOOPS[loop](x, comm))(big_vector(RANK, jnp.float64))
     np.testing.assert_array_equal(result, expected_after(3))
+
+
+def test_disable_jit_runs_the_same_calls_eagerly(comm, watchdog):
+    """Under jax.disable_jit, a jitted function and its gradient run call by
+    call in Python, with the results of the compiled program."""
+    x = big_vector(RANK, jnp.float64)
+    weights = jnp.arange(x.size, dtype=jnp.float64) * (RANK + 1)
+    f = jax.jit(lambda x: LOOPS["fori_loop"](x, comm))
+    shift = jax.jit(lambda x: send_then_recv(x, comm))
+    with jax.disable_jit():
+        result = f(x)
+        grad = jax.grad(lambda x: jnp.vdot(weights, shift(x)))(x)
+    np.testing.assert_array_equal(result, expected_after(3))
+    np.testing.assert_array_equal(grad, np.arange(x.size) * (NEXT + 1.0))
+
+
+def test_tracing_alone_makes_no_mpi_call(comm, watchdog):
+    """eval_shape, make_jaxpr, lower and compile run no MPI call: a rank that
+    only inspects a function stays in step with the others."""
+
+    def f(x):
+        return mpijax.allgather(send_then_recv(mpijax.allreduce(x, MPI.SUM, comm=comm), comm), comm=comm)
+
+    x = jnp.arange(3.0) + RANK
+    jax.effects_barrier()
+    before = mpijax.call_stats()["calls"]
+    assert jax.eval_shape(f, x).shape == (SIZE, 3)
+    jax.make_jaxpr(jax.grad(lambda x: jnp.sum(f(x))))(x)
+    jax.jit(jax.vmap(f)).lower(jnp.stack([x, x])).compile()
+    jax.effects_barrier()
+    assert mpijax.call_stats()["calls"] == before
+    total = sum(np.arange(3.0) + r for r in range(SIZE))
+    np.testing.assert_array_equal(jax.jit(f)(x), np.broadcast_to(total, (SIZE, 3)))
 
 
 def test_grad_through_a_rematerialised_loop(comm, watchdog):
@@ -250,6 +293,31 @@ def test_custom_vjp_forward_and_backward(comm):
     grad = jax.jit(jax.grad(lambda x: jnp.vdot(weights, shift(x))))(x)
     # d/dx_r of sum_s <w_s, x_{s-1}> is w_{r+1}.
     np.testing.assert_array_equal(grad, np.arange(x.size) * (NEXT + 1.0))
+
+
+def test_custom_jvp_with_mpi_calls_in_its_rule(comm):
+    """A custom_jvp whose function and whose rule both call MPI: forward mode
+    runs the rule's calls, and reverse mode transposes the rule's linear
+    part (the allreduce of the tangent) into the calls of its transpose."""
+
+    @jax.custom_jvp
+    def total(x):
+        return mpijax.allreduce(x, MPI.SUM, comm=comm)
+
+    @total.defjvp
+    def total_jvp(primals, tangents):
+        return total(primals[0]), 2.0 * mpijax.allreduce(tangents[0], MPI.SUM, comm=comm)
+
+    x = jnp.arange(4.0) * (RANK + 1)
+    t = jnp.full(4, RANK + 1.0)
+    y, dy = jax.jit(lambda x, t: jax.jvp(total, (x,), (t,)))(x, t)
+    np.testing.assert_array_equal(y, np.arange(4.0) * SIZE * (SIZE + 1) / 2)
+    np.testing.assert_array_equal(dy, np.full(4, SIZE * (SIZE + 1.0)))
+    # The rule's replicated result counts once (docs/autodiff.md): the
+    # gradient of sum(w * total(x)) is 2 w on every rank.
+    weights = jnp.arange(4.0) + 1
+    grad = jax.jit(jax.grad(lambda x: jnp.vdot(weights, total(x))))(x)
+    np.testing.assert_array_equal(grad, 2.0 * (np.arange(4.0) + 1))
 
 
 @needs_peer
