@@ -80,6 +80,24 @@ def test_ahead_of_time_compiled_function_runs_repeatedly(comm, watchdog):
         np.testing.assert_array_equal(y, np.asarray(big_vector(PREV)) + i + total + SIZE * i)
 
 
+def test_function_without_inputs_compiles_and_runs(comm, watchdog):
+    """A jitted function without arguments whose calls take constant buffers:
+    sealed as a call, such a program made XLA (JAX 0.11 and 0.12) abort the
+    process while compiling it (jax_compat._inline_late)."""
+    f = jax.jit(
+        lambda: (
+            mpijax.allreduce(jnp.zeros(3), MPI.SUM, comm=comm),
+            mpijax.allreduce(jnp.zeros((2, 3)) + RANK, MPI.SUM, comm=comm),
+            mpijax.sendrecv(jnp.zeros(3) + RANK, jnp.zeros(3), PREV, NEXT, comm=comm),
+        )
+    )
+    for _ in range(2):
+        zeros, ranks, received = f()
+        np.testing.assert_array_equal(zeros, np.zeros(3))
+        np.testing.assert_array_equal(ranks, np.full((2, 3), SIZE * (SIZE - 1) / 2))
+        np.testing.assert_array_equal(received, np.full(3, PREV))
+
+
 def test_export_round_trip(comm, watchdog):
     """jax.export refuses custom calls without a compatibility guarantee
     unless told; with that, an exported MPI function serializes, loads and

@@ -1,4 +1,4 @@
-"""Every use of JAX's private API, in one place (JAX 0.10 and newer)."""
+"""Every use of JAX's private API, in one place (JAX 0.8 and newer)."""
 
 import contextvars
 import gc
@@ -19,8 +19,11 @@ from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.interpreters import pxla as _pxla
-from jax.extend.core import Effect, Primitive  # noqa: F401  (re-exported)
+from jax.extend.core import ClosedJaxpr, Primitive  # noqa: F401  (re-exported)
 from jax.extend.mlir.dialects import stablehlo as _hlo
+
+# Public from JAX 0.10 on; the same class before.
+Effect = getattr(jax.extend.core, "Effect", None) or _effects.Effect
 
 # The lowering compares token avals by identity: this must be JAX's singleton.
 abstract_token = getattr(jax.ffi, "abstract_token", None) or _core.abstract_token
@@ -139,6 +142,16 @@ _sealed_p = Primitive("mpijax_sealed")
 _sealed_p.multiple_results = True
 
 
+# From JAX 0.11 on, XLA inlines a call whose operands are all made in place
+# (here: the created token, when the program has no inputs) and gives what it
+# inlines a control edge from them, constants included, which its CSE pass
+# then aborts the process on ("cannot remove instruction"). Inlined while
+# lowering, the sealed program is no call at all.
+_inline_late = (
+    {"inline_jax_late": True} if "inline_jax_late" in inspect.signature(_mlir.call_lowering).parameters else {}
+)
+
+
 def _lower_sealed(ctx, *args, jaxpr, effect):
     outer = ctx.tokens_in  # the program's other ordered effects
     inner = _mlir.TokenSet({**dict(outer.items()), effect: _hlo.create_token()})
@@ -153,6 +166,7 @@ def _lower_sealed(ctx, *args, jaxpr, effect):
         *args,
         dim_var_values=ctx.dim_var_values,
         const_lowering=ctx.const_lowering,
+        **_inline_late,
     )
     ctx.set_tokens_out(outer.update_tokens(_mlir.TokenSet({e: tokens.get(e) for e, _ in outer.items()})))
     return results
@@ -168,7 +182,7 @@ def _sealed(closed, effect):
     effects = frozenset(closed.effects - {effect})
     eqn = _core.new_jaxpr_eqn(invars, outvars, _sealed_p, {"jaxpr": closed, "effect": effect}, effects)
     jaxpr = _core.Jaxpr((), invars, outvars, [eqn], effects, closed.jaxpr.debug_info)
-    return _core.ClosedJaxpr(jaxpr, ())
+    return ClosedJaxpr(jaxpr, ())
 
 
 # Functions called with every program JAX lowers at the top level (where
