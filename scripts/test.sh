@@ -3,7 +3,8 @@
 # plain and with MPIJAX_MPI=mpich):
 #   1. the C++ core's GoogleTest suite under mpirun at 1, 2 and 3 ranks (ctest);
 #   2. the tests that start their own mpirun (pytest -m launcher);
-#   3. the Python suite under mpirun at 1, 2 and 3 ranks;
+#   3. the Python suite under mpirun at 1 rank with the oldest supported JAX
+#      (scripts/test_jax_versions.sh), then at 2 and 3 ranks with .venv's;
 #   4. the same with MPICH (ctest, launcher tests, then 2 ranks: MPICH polls
 #      busily, so more ranks than cores crawl, and its 1-rank run only repeated
 #      Open MPI's), in .venv-mpich;
@@ -59,7 +60,11 @@ ctest_stage ctest
 # The launcher tests also import mpijax with the other MPI's mpi4py.
 [ "$mpich" != 0 ] && export MPIJAX_OTHER_MPI4PY=$(site_packages .venv-mpich/bin/python)
 stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
-for n in 1 2 3; do
+# At 1 rank, under the oldest JAX that mpijax supports (its own venv, with
+# mpijax built as pip builds it); at 2 and 3 ranks under .venv's.
+oldest_jax=$("$python" -c "from mpijax._src.jax_version import TESTED; print(TESTED[0])")
+stage "pytest-1-rank-jax-$oldest_jax" bash scripts/test_jax_versions.sh -n 1 "$oldest_jax"
+for n in 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
 if [ "$mpich" != 0 ]; then

@@ -184,16 +184,16 @@ def test_mpi4jax_code_runs_unchanged():
 def test_untested_jax_versions_get_a_warning_that_can_be_silenced(monkeypatch):
     low, high = jax_version.TESTED
     monkeypatch.delenv("MPIJAX_UNTESTED_JAX", raising=False)
-    for untested in ("0.10.1", "0.11.3", "0.12.0", "1.0", "unknown"):
+    for untested in ("0.7.2", "0.12.1", "0.13.0", "1.0", "unknown"):
         says = rf"tested with JAX {low} to {high}, not with JAX {untested}: .* set MPIJAX_UNTESTED_JAX=1 to silence"
         with pytest.warns(UserWarning, match=says):
             jax_version.warn_if_untested(untested)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for tested in (low, "0.11.0", high):
+        for tested in (low, "0.10.0", "0.12.0", high):
             jax_version.warn_if_untested(tested)
         monkeypatch.setenv("MPIJAX_UNTESTED_JAX", "1")
-        jax_version.warn_if_untested("0.12.0")
+        jax_version.warn_if_untested("0.13.0")
 
 
 def test_pyproject_requires_the_tested_jax_range():

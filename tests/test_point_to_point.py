@@ -156,7 +156,10 @@ def test_a_fresh_status_per_eager_call(comm, op):
         for i in range(1, 1000):
             call(i)
     finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
+        # JAX 0.8.0 cannot unregister it: there it goes on listening, harmlessly.
+        unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
+        if unregister:
+            unregister(listener)
     assert "/jax/core/compile/backend_compile_duration" not in compiles
     assert len(point_to_point._statuses) == kept
 
