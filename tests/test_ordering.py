@@ -41,12 +41,14 @@ def mpi_calls(text):
 
 def chain_start(text, inputs):
     """The token that starts mpijax's chain in StableHLO text, and the names
-    under which the calls see the program's first `inputs` arguments: the
-    sealed function's (its token first) or, where the sealed program is
-    lowered inlined (JAX 0.11 and newer), main's, with the token created there."""
-    if "func.func private @mpijax_sealed" in text:
-        return "%arg0", [f"%arg{i + 1}" for i in range(inputs)]
-    return re.search(r"(%\S+) = stablehlo.create_token", text).group(1), [f"%arg{i}" for i in range(inputs)]
+    under which the calls see the program's first `inputs` arguments: where
+    the sealed program is lowered inlined (JAX 0.11 and newer), main's, with
+    the token created there; else the sealed function's, or an unsealed
+    main's, whose first argument is the token."""
+    created = re.search(r"(%\S+) = stablehlo.create_token", text)
+    if created and "func.func private @mpijax_sealed" not in text:
+        return created.group(1), [f"%arg{i}" for i in range(inputs)]
+    return "%arg0", [f"%arg{i + 1}" for i in range(inputs)]
 
 
 def token_result(name):
