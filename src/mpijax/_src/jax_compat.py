@@ -142,11 +142,11 @@ _sealed_p = Primitive("mpijax_sealed")
 _sealed_p.multiple_results = True
 
 
-# From JAX 0.11 on, XLA inlines a call whose operands are all made in place
-# (here: the created token, when the program has no inputs) and gives what it
-# inlines a control edge from them, constants included, which its CSE pass
-# then aborts the process on ("cannot remove instruction"). Inlined while
-# lowering, the sealed program is no call at all.
+# From JAX 0.11 on, XLA inlines a call whose only operand is the created token
+# (a program without inputs) with a control edge from it on every inlined
+# instruction, constants included, and its CSE pass then aborts the process
+# ("cannot remove instruction"). Inlined while lowering, the sealed program is
+# no call at all.
 _inline_late = (
     {"inline_jax_late": True} if "inline_jax_late" in inspect.signature(_mlir.call_lowering).parameters else {}
 )
