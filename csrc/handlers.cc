@@ -220,15 +220,15 @@ MPIJAX_OP(Scan, "scan",
               .template Attr<int64_t>("exclusive")
               .template Attr<ffi::Span<const uint8_t>>("identity"));
 
-// In place (aliased): the root sends x and returns it; the others receive
-// over theirs.
+// The root sends x, and its output is empty: Python returns x there. The
+// others receive in place (aliased), over theirs.
 template <class Memory>
 ffi::Error Bcast(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, Out y, TokenOut,
                  int64_t comm, int64_t root) {
   CallInfo info = Describe("bcast", x);
   info.root = static_cast<int>(root);
   return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
-    void* buf = c.rank == info.root ? Unchanged(m, x, *y) : m.Out(*y);
+    void* buf = c.rank == info.root ? m.In(x) : m.Out(*y);
     return mpi::Bcast(buf, x.element_count(), TypeOf(x), info.root, c.handle);
   });
 }

@@ -119,16 +119,4 @@ void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
 }
 
-// Where this rank's output is x unchanged: the view of y, holding x. XLA
-// aliases them for every op that returns its input, and then this is x's own
-// view, which is not an output: a staged call copies nothing back.
-template <class Memory>
-void* Unchanged(Memory& m, const xla::ffi::AnyBuffer& x, xla::ffi::AnyBuffer& y) {
-  void* in = m.In(x);
-  if (y.untyped_data() == x.untyped_data()) return in;
-  void* out = m.Out(y);
-  m.Copy(out, in, x.size_bytes());
-  return out;
-}
-
 }  // namespace mpijax

@@ -43,21 +43,23 @@ UPDATES = {
 
 
 @pytest.mark.parametrize("update", list(UPDATES))
-@pytest.mark.parametrize("op", ["gather", "gatherv", "reduce"])
-def test_off_the_root_x_is_not_copied(comm, op, update):
-    """Off the root, gather and reduce return x itself: a time loop that
-    observes its state through the call and goes on updating it compiles
-    with no more copies of the state than the same loop without the call.
-    (An output aliased to x made XLA copy x before every call there, unless
-    the update read the result.)"""
-    if SIZE == 1:
-        pytest.skip("needs a rank off the root")
+@pytest.mark.parametrize("op", ["gather", "gatherv", "reduce", "bcast"])
+def test_where_x_is_returned_it_is_not_copied(comm, op, update):
+    """Where a rooted call returns x itself (off the root for gather and
+    reduce, on the root for bcast), a time loop that observes its state
+    through the call and goes on updating it compiles with no more copies of
+    the state than the same loop without the call. (An output aliased to x
+    made XLA copy x before every call there, unless the update read the
+    result.)"""
     root = SIZE - 1
     call = {
         "gather": lambda x: mpijax.gather(x, root, comm=comm),
         "gatherv": lambda x: mpijax.gatherv(x, (x.shape[0],) * SIZE, root, comm=comm),
         "reduce": lambda x: mpijax.reduce(x, MPI.SUM, root, comm=comm),
+        "bcast": lambda x: mpijax.bcast(x, root, comm=comm),
     }[op]
+    if (RANK == root) != (op == "bcast"):
+        pytest.skip("x is not returned on this rank")
 
     def copies(observe):
         def step(i, carry):
@@ -67,8 +69,7 @@ def test_off_the_root_x_is_not_copied(comm, op, update):
 
         return hlo_copies(jax.jit(lambda x: lax.fori_loop(0, 3, step, (x, jnp.zeros(())))), jnp.ones(1024, jnp.float32))
 
-    if RANK != root:
-        assert len(copies(call)) <= len(copies(lambda x: x * 1.0)), copies(call)
+    assert len(copies(call)) <= len(copies(lambda x: x * 1.0)), copies(call)
 
 
 @checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)

@@ -86,31 +86,43 @@ def receive_buffer(cts, x, params):
     return cotangent(cts) if is_root(params) else jax_compat.transposed_receive_buffer(x.aval)
 
 
-# bcast: the root returns x; the others what they receive. In place
-# everywhere: a loop carry then needs no copy. replicated=1 is the op, whose
-# result counts once; replicated=0 is the adjoint of reduce, received into
-# zeros off the root.
+# bcast: the root sends x and returns it; the others receive in place, so a
+# loop carry needs no copy. The root's primitive outputs nothing, so XLA never
+# copies an x that stays live to give the call an aliased buffer.
+# replicated=1 is the op, whose result counts once; replicated=0 is the
+# adjoint of reduce, received into zeros off the root.
+def broadcast(x, replicated, **params):
+    """bcast_p's call as the op returns it: `x` itself on the root."""
+    (out,) = bcast_p.bind(x, **params, replicated=replicated)
+    return x if is_root(params) else out
+
+
 def _bcast_transpose(cts, x, *, comm, root, replicated):
+    params = dict(comm=comm, root=root)
+    # The root's x reaches its result directly, not through the call, whose
+    # adjoint is zeros there: a call still, so that the root makes the
+    # collective again when this is transposed again, as the others do.
+    ct = jax_compat.transposed_receive_buffer(x.aval) if is_root(params) else cotangent(cts)
     if replicated:
-        return [bcast_adjoint_p.bind(cotangent(cts), comm=comm, root=root)]
-    (total,) = reductions.reduce_p.bind(cotangent(cts), comm=comm, op=reductions.SUM, root=root)
-    return [total if is_root(dict(comm=comm, root=root)) else ad.Zero(x.aval)]
+        return [bcast_adjoint_p.bind(ct, **params)]
+    (total,) = reductions.reduce_p.bind(ct, **params, op=reductions.SUM)
+    return [total if is_root(params) else ad.Zero(x.aval)]
 
 
 bcast_p = mpi_primitive(
     "bcast",
-    lambda x, **p: [x],
-    lambda x, **p: {0: 0},
+    lambda x, **p: [nothing(x) if is_root(p) else x],
+    lambda x, **p: None if is_root(p) else {0: 0},
     jvp=linear_jvp,
     transpose=_bcast_transpose,
-    batch=_batcher(lambda p: 0, lambda p: 0),
+    batch=_batcher(lambda p: 0, lambda p: None if is_root(p) else 0),
     attributes=("comm", "root"),
 )
 # The root's x alone made the result, so only the root gets its cotangent.
 bcast_adjoint_p = local_primitive(
     "bcast_adjoint",
     lambda ct, *, comm, root: ct if is_root(dict(comm=comm, root=root)) else jnp.zeros_like(ct),
-    transpose=lambda ct, x, *, comm, root: bcast_p.bind(cotangent(ct), comm=comm, root=root, replicated=1),
+    transpose=lambda ct, x, *, comm, root: [broadcast(cotangent(ct), 1, comm=comm, root=root)],
     batch=lambda prim, args, dims, **p: (prim.bind(*args, **p), dims[0]),
 )
 
@@ -213,7 +225,7 @@ def bcast(x, root, *, comm=None, token=validation.NOTSET):
     dtype of the result; on the root, `x` is returned."""
     validation.no_token(token, "bcast")
     x, root, comm = _rooted("bcast", x, root, comm)
-    return bcast_p.bind(x, comm=comm.id, root=root, replicated=1)[0]
+    return broadcast(x, 1, comm=comm.id, root=root)
 
 
 def gather(x, root, *, comm=None, token=validation.NOTSET):

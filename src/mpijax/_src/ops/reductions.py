@@ -47,7 +47,7 @@ def _allreduce_transpose(cts, x, *, comm, op):
 def _reduce_transpose(cts, x, *, comm, op, root):
     _linear_only(op, "reduce")
     params = dict(comm=comm, root=root)
-    return collectives.bcast_p.bind(collectives.receive_buffer(cts, x, params), **params, replicated=0)
+    return [collectives.broadcast(collectives.receive_buffer(cts, x, params), 0, **params)]
 
 
 def _reduce_scatter_transpose(cts, x, *, comm, op):
