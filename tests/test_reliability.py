@@ -123,6 +123,12 @@ MISMATCHES = {
         lambda comm: mpijax.allgather(X4, comm=comm) if RANK == 1 else mpijax.allreduce(X4, MPI.SUM, comm=comm),
         r"rank 1 called allgather of float32\[4\]",
     ),
+    # Rank 1 passes the root's whole array as its template, where MPI alone
+    # would leave the result's rows past the first as they were.
+    "scatter template": (
+        lambda comm: mpijax.scatter(jnp.ones((SIZE, 4), jnp.float32) if RANK < 2 else X4, 0, comm=comm),
+        rf"rank 1 called scatter of float32\[{SIZE}, 4\] with root 0",
+    ),
 }
 
 
