@@ -688,16 +688,21 @@ MPIJAX_OP(Halo, "halo_exchange",
 // Starts the messages of a neighbor_exchange (isend and irecv are its cases
 // of one message) and returns at once with the id of their Pending (a float32
 // scalar, pending.h). The operands are the sends, then an empty array per receive
-// (which only gives vmap something to batch), then the token.
+// (which only gives vmap something to batch), then, if `guarded`, the id of
+// the request whose wait this start reverses, then the token. `derivative`
+// marks the id (kDifferentiated); a guarded start whose guard is not marked
+// posts nothing and returns 0: that request was started outside the
+// differentiation, on its peers too, and has no derivative messages.
 template <class Memory>
 ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
                  int64_t comm, Ints sources, Ints recvtags, Ints dests, Ints sendtags,
-                 Ints recv_bytes) {
+                 Ints recv_bytes, int64_t derivative, int64_t guarded) {
   CallInfo info;
   info.op = "start";
   info.checked = false;
   const size_t n_send = dests.size(), n_recv = sources.size();
-  if (args.size() != n_send + n_recv + 1 || rets.size() != 2 || recv_bytes.size() != n_recv) {
+  if (args.size() != n_send + n_recv + (guarded ? 2 : 1) || rets.size() != 2 ||
+      recv_bytes.size() != n_recv) {
     return ffi::Error::InvalidArgument("mpijax.start: the lists do not match the operands");
   }
   std::vector<ffi::AnyBuffer> send;
@@ -707,6 +712,15 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
   }
   ffi::Result<ffi::AnyBuffer> id = *rets.get<ffi::AnyBuffer>(0);
   return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+    if (guarded) {
+      float guard = 0;
+      m.Copy(&guard, m.In(*args.get<ffi::AnyBuffer>(n_send + n_recv)), sizeof guard);
+      if (!(static_cast<int32_t>(guard) & kDifferentiated)) {
+        const float none = 0;
+        m.Copy(m.Out(*id), &none, sizeof none);
+        return MPI_SUCCESS;
+      }
+    }
     Pending p;
     p.comm = c.handle;
     for (size_t i = 0; i < n_send; ++i) {
@@ -722,13 +736,17 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
     }
     int failed = -1;
     if (int rc = mpi::Post(p.recvs, p.sends, c.handle, &p.requests, &failed)) return rc;
-    const auto kept = static_cast<float>(Keep(std::move(p)));
+    const auto kept = static_cast<float>(Keep(std::move(p)) | (derivative ? kDifferentiated : 0));
     m.Copy(m.Out(*id), &kept, sizeof kept);
     return MPI_SUCCESS;
   });
 }
 
-MPIJAX_OP(Start, "start", Exchanging<P>().template Attr<Ints>("recv_bytes"));
+MPIJAX_OP(Start, "start",
+          Exchanging<P>()
+              .template Attr<Ints>("recv_bytes")
+              .template Attr<int64_t>("derivative")
+              .template Attr<int64_t>("guarded"));
 
 // Completes the Pending of each of the first `requests` operands (ids), in
 // order, and returns what their receives received, in order: counts[k] results

@@ -16,7 +16,7 @@ int32_t last = 0;
 int32_t Keep(Pending pending) {
   std::lock_guard<std::mutex> lock(mutex);
   do {
-    last = last + 1 == kIdLimit ? 1 : last + 1;
+    last = last + 1 == kDifferentiated ? 1 : last + 1;
   } while (kept.count(last));
   kept.emplace(last, std::move(pending));
   return last;
@@ -24,7 +24,7 @@ int32_t Keep(Pending pending) {
 
 std::optional<Pending> Take(int32_t id) {
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = kept.find(id);
+  auto it = kept.find(id & ~kDifferentiated);
   if (it == kept.end()) return std::nullopt;
   Pending pending = std::move(it->second);
   kept.erase(it);

@@ -29,11 +29,17 @@ struct Pending {
 // below 2^24, where every integer is a float32; 0 is no request (a wait on it
 // completes nothing and gives zeros).
 constexpr int32_t kIdLimit = 1 << 24;
+// Keep's ids stay below this bit, which a start made under differentiation
+// adds to its id: the transpose of its wait, which may run in a loop that
+// also waits for requests started outside the differentiation, reads it to
+// tell whether derivative messages exist.
+constexpr int32_t kDifferentiated = 1 << 23;
 
-// Keeps `pending` and returns its id (never 0).
+// Keeps `pending` and returns its id (never 0, below kDifferentiated).
 int32_t Keep(Pending pending);
-// The pending messages of `id`, which are no longer kept; none if there are
-// none under that id (never started, or already waited for).
+// The pending messages of `id` (with or without kDifferentiated), which are
+// no longer kept; none if there are none under that id (never started, or
+// already waited for).
 std::optional<Pending> Take(int32_t id);
 // How many are kept: started and not yet waited for.
 size_t PendingCount();

@@ -210,6 +210,45 @@ def test_grad_through_a_loop_of_overlapped_steps(comm, mode):
     np.testing.assert_allclose(comm.allreduce(mine), fd, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_grad_of_a_pipeline_whose_first_request_starts_outside(comm, mode):
+    """A loop that waits for the request the previous iteration started,
+    the first started before the differentiated function: the first wait has
+    no derivative messages, the later ones do, and all share one transposed
+    wait. The gradient (every rank's, along a random direction) against
+    central differences of the pipeline in NumPy; and no request is left
+    pending (the transpose of the first wait started reversed messages that
+    nothing waited for, until it was guarded by the request's id)."""
+    rng = np.random.default_rng(7)
+    u, direction = rng.normal(size=(2, SIZE, 3))
+    x0 = np.arange(3.0)[None] + np.arange(SIZE)[:, None]
+
+    def pipeline(u):  # every rank's, in NumPy: each hop multiplies by the sender's u
+        y, total = np.roll(x0, 1, 0), 0.0
+        for _ in range(3):
+            total, y = total + y.sum(), np.roll(y * u, 1, 0)
+        return total + y.sum()
+
+    def loss(u, first):
+        def body(_, carry):
+            request, total = carry
+            (y,) = mpijax.wait(request)
+            return mpijax.ineighbor_exchange([y * u], [PREV], [NEXT], comm=comm), total + jnp.sum(y)
+
+        request, total = lax.fori_loop(0, 3, body, (first, jnp.zeros(())))
+        return total + jnp.sum(mpijax.wait(request)[0])
+
+    before = mpijax._src.runtime.core.pending_requests()
+    first = mpijax.ineighbor_exchange([jnp.asarray(x0[RANK])], [PREV], [NEXT], comm=comm)
+    value, grad = MODES[mode](jax.value_and_grad(loss))(jnp.asarray(u[RANK]), first)
+    jax.block_until_ready(grad)
+    assert mpijax._src.runtime.core.pending_requests() == before
+    np.testing.assert_allclose(comm.allreduce(float(value)), pipeline(u), rtol=1e-12)
+    h = 1e-6
+    fd = (pipeline(u + h * direction) - pipeline(u - h * direction)) / (2 * h)
+    np.testing.assert_allclose(comm.allreduce(float(np.dot(grad, direction[RANK]))), fd, rtol=1e-6)
+
+
 def test_errors(comm):
     with pytest.raises(ValueError, match="source=-?[0-9]+ is out of range"):
         mpijax.irecv(jnp.zeros(2), MPI.ANY_SOURCE, comm=comm)

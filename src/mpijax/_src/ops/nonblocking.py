@@ -104,13 +104,16 @@ class Request:
         return f"mpijax.Request({self.kind}, {len(self.route.recvs)} receive(s))"
 
 
-def _bind_start(sends, placeholders, comm, route):
+def _bind_start(sends, placeholders, comm, route, *, derivative=0, guard=None):
     """The start of `route`'s messages; `placeholders` holds an empty array per
     receive, an operand that vmap batches so that the receives grow with the
-    batch."""
+    batch. derivative=1 marks the id of a start made under differentiation;
+    with a `guard` (the id of the request whose wait this start reverses),
+    nothing starts unless the guard is marked so (see _wait_transpose)."""
     (id,) = start_p.bind(
         *sends,
         *placeholders,
+        *([] if guard is None else [guard]),
         comm=comm,
         sources=route.sources,
         recvtags=route.recvtags,
@@ -118,6 +121,8 @@ def _bind_start(sends, placeholders, comm, route):
         sendtags=route.sendtags,
         recvs=route.recvs,
         recv_bytes=tuple(_nbytes(s) for s in route.recvs),
+        derivative=derivative,
+        guarded=int(guard is not None),
     )
     return id
 
@@ -211,9 +216,18 @@ def wait(requests=None, *, after=None):
     return results[0] if single else results
 
 
-def _bind_wait(ids, after, comm, routes):
+def _bind_wait(ids, after, comm, routes, guards=()):
+    """The wait for requests `ids`; `guards`, one id per request or none, go
+    unread to the wait's transpose (see _wait_transpose)."""
     return wait_p.bind(
-        *ids, *after, comm=comm, requests=len(ids), routes=tuple(routes), counts=tuple(len(r.recvs) for r in routes)
+        *ids,
+        *guards,
+        *after,
+        comm=comm,
+        requests=len(ids),
+        guarded=int(bool(guards)),
+        routes=tuple(routes),
+        counts=tuple(len(r.recvs) for r in routes),
     )
 
 
@@ -225,17 +239,20 @@ def _route(params, operands):
 
 def _start_jvp(prim, primals, tangents, **params):
     """The tangents of the floating-point messages start beside them, and
-    that request's id is the tangent of this one's."""
-    (id,) = prim.bind_primal(*primals, **params)
+    that request's id is the tangent of this one's. The id is marked as
+    having derivative messages; a start that is guarded guards its tangents'
+    start alike."""
     n = len(params["dests"])
     route, send_keep, recv_keep = _route(params, primals).derivative()
     if not route.moves():
-        return [id], [ad.Zero(ID)]
+        return prim.bind_primal(*primals, **params), [ad.Zero(ID)]
+    (id,) = prim.bind_primal(*primals, **{**params, "derivative": 1})
     # The placeholders' tangents, not new constants: under linearize these are
     # unknown, so that the start of the tangents is staged with them.
     moved = [ad.instantiate_zeros(tangents[i]) for i in send_keep]
     places = [ad.instantiate_zeros(tangents[n + j]) for j in recv_keep]
-    return [id], [_bind_start(moved, places, params["comm"], route)]
+    guard = primals[-1] if params["guarded"] else None
+    return [id], [_bind_start(moved, places, params["comm"], route, guard=guard)]
 
 
 def _start_transpose(cts, *operands, **params):
@@ -251,40 +268,49 @@ def _start_transpose(cts, *operands, **params):
     return results
 
 
-def _wait_jvp(prim, primals, tangents, *, comm, requests, routes, counts):
+def _wait_jvp(prim, primals, tangents, *, comm, requests, guarded, routes, counts):
     """Wait for the requests that move the tangents too (those whose id has
     a tangent: started under this differentiation), after `after`'s
-    tangents."""
-    outs = prim.bind(*primals, comm=comm, requests=requests, routes=routes, counts=counts)
+    tangents; each guarded by its request's id."""
+    outs = prim.bind(*primals, comm=comm, requests=requests, guarded=guarded, routes=routes, counts=counts)
     out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
-    ids, moving, places = [], [], []
+    ids, guards, moving, places = [], [], [], []
     for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
         route, _, recv_keep = routes[k].derivative()
         if type(tangents[k]) is not ad.Zero and route.moves():
             ids.append(tangents[k])
+            guards.append(primals[k])
             moving.append(route)
             places += [int(offset) + j for j in recv_keep]
     if ids:
-        after = [t for t in tangents[requests:] if type(t) is not ad.Zero and _inexact(jax.typeof(t).dtype)]
-        for i, t in zip(places, _bind_wait(ids, after, comm, moving), strict=True):
+        after = [
+            t for t in tangents[requests * (1 + guarded) :] if type(t) is not ad.Zero and _inexact(jax.typeof(t).dtype)
+        ]
+        for i, t in zip(places, _bind_wait(ids, after, comm, moving, guards), strict=True):
             out_tangents[i] = t
     return outs, out_tangents
 
 
-def _wait_transpose(cts, *operands, comm, requests, routes, counts):
+def _wait_transpose(cts, *operands, comm, requests, guarded, routes, counts):
     """Start the reversed messages, each result's cotangent back to its
-    source; their id is the cotangent of the request's. The cotangents of
-    `after` are zeros that XLA cannot know for zeros until that start has
+    source; their id is the cotangent of the request's. Each start is
+    guarded by the request's id: a loop that carries a request started
+    outside the differentiation into iterations that start theirs inside
+    waits for it with the same transposed wait, which must start nothing
+    then (on its peers too), since nothing would wait for it. The cotangents
+    of `after` are zeros that XLA cannot know for zeros until that start has
     run, so the transposed work comes after it."""
     results = [None] * len(operands)
+    guards = operands[requests : 2 * requests] if guarded else [None] * requests
     for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
         route, _, recv_keep = routes[k].derivative()
         if ad.is_undefined_primal(operands[k]) and route.moves():
             back = route.reversed()
             places = [jax_compat.transposed_receive_buffer(jax.core.ShapedArray((0,), d)) for _, d in back.recvs]
-            results[k] = _bind_start([cotangent(cts[int(offset) + j]) for j in recv_keep], places, comm, back)
+            sent = [cotangent(cts[int(offset) + j]) for j in recv_keep]
+            results[k] = _bind_start(sent, places, comm, back, guard=guards[k])
     started_ids = [id for id in results[:requests] if id is not None]
-    for i in range(requests, len(operands)):
+    for i in range(requests * (1 + guarded), len(operands)):
         aval = operands[i].aval if ad.is_undefined_primal(operands[i]) else None
         if started_ids and aval is not None and _inexact(aval.dtype):
             (results[i],) = zeros_after_p.bind(started_ids[0], shape=aval.shape, dtype=np.dtype(aval.dtype))
@@ -301,18 +327,18 @@ def _batch_start(prim, args, dims, *, recvs, **params):
     return [jnp.broadcast_to(id, (size,))], [0]
 
 
-def _batch_wait(prim, args, dims, *, routes, requests, **params):
-    """One wait for the batch: a batched id is the same for every element
-    (see _batch_start), and its results are batched; what it waits after
-    stays as it is."""
+def _batch_wait(prim, args, dims, *, routes, requests, guarded, **params):
+    """One wait for the batch: a batched id (or guard) is the same for every
+    element (see _batch_start), and its results are batched; what it waits
+    after stays as it is."""
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     batched = [d is not None for d in dims[:requests]]
+    n = requests * (1 + guarded)
     ids = [
-        a if d is None else lax.index_in_dim(a, 0, d, keepdims=False)
-        for a, d in zip(args[:requests], dims[:requests], strict=True)
+        a if d is None else lax.index_in_dim(a, 0, d, keepdims=False) for a, d in zip(args[:n], dims[:n], strict=True)
     ]
     routes = tuple(r.batched(size) if b else r for r, b in zip(routes, batched, strict=True))
-    outs = prim.bind(*ids, *args[requests:], routes=routes, requests=requests, **params)
+    outs = prim.bind(*ids, *args[n:], routes=routes, requests=requests, guarded=guarded, **params)
     return outs, [0 if b else None for r, b in zip(routes, batched, strict=True) for _ in r.recvs]
 
 
@@ -322,7 +348,7 @@ start_p = mpi_primitive(
     jvp=_start_jvp,
     transpose=_start_transpose,
     batch=_batch_start,
-    attributes=("comm", "sources", "recvtags", "dests", "sendtags", "recv_bytes"),
+    attributes=("comm", "sources", "recvtags", "dests", "sendtags", "recv_bytes", "derivative", "guarded"),
 )
 # Not aligned: an id has a tangent only where its start was differentiated
 # (alike on every rank), and a wait for a request started elsewhere must not
