@@ -752,10 +752,13 @@ MPIJAX_OP(Start, "start",
 // order, and returns what their receives received, in order: counts[k] results
 // for request k, zeros for a message from MPI_PROC_NULL and for request 0
 // (none). The operands after the ids (then the token) are not read: they only
-// make XLA compute them before the wait.
+// make XLA compute them before the wait. batch[k]: the size of the batch that
+// vmap gave request k's results; a request started outside some of those vmaps
+// received one element's messages (or a smaller batch's), which every element
+// gets.
 template <class Memory>
 ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                int64_t comm, int64_t requests, Ints counts) {
+                int64_t comm, int64_t requests, Ints counts, Ints batch) {
   CallInfo info;
   info.op = "wait";
   info.checked = false;
@@ -767,7 +770,8 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
   for (size_t i = 0; i + 1 < rets.size(); ++i) outs.push_back(*rets.get<ffi::AnyBuffer>(i));
   int64_t results = 0;
   for (int64_t count : counts) results += count;
-  if (ids.size() != counts.size() || static_cast<int64_t>(outs.size()) != results) {
+  if (ids.size() != counts.size() || batch.size() != counts.size() ||
+      static_cast<int64_t>(outs.size()) != results) {
     return ffi::Error::InvalidArgument("mpijax.wait: the counts do not match the operands");
   }
   std::string missing;
@@ -800,12 +804,16 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
         void* out = m.Out(*outs[next]);
         const size_t bytes = outs[next]->size_bytes();
         const mpi::Transfer* r = p ? &p->recvs[static_cast<size_t>(i)] : nullptr;
-        if (r && static_cast<size_t>(r->count) != bytes) {
+        const size_t received = r ? static_cast<size_t>(r->count) : 0;
+        const size_t copies = received ? bytes / received : 1;
+        if (r && (received * copies != bytes || batch[k] % static_cast<int64_t>(copies) != 0)) {
           missing = "the results do not match the pending receives";
           return MPI_SUCCESS;
         }
         if (r && r->peer != MPI_PROC_NULL) {
-          m.Copy(out, r->data, bytes);
+          for (size_t j = 0; j < copies; ++j) {
+            m.Copy(static_cast<char*>(out) + j * received, r->data, received);
+          }
         } else {
           m.Zero(out, bytes);
         }
@@ -825,7 +833,8 @@ MPIJAX_OP(Wait, "wait",
               .RemainingRets()
               .template Attr<int64_t>("comm")
               .template Attr<int64_t>("requests")
-              .template Attr<Ints>("counts"));
+              .template Attr<Ints>("counts")
+              .template Attr<Ints>("batch"));
 
 #undef MPIJAX_OP
 

@@ -210,25 +210,21 @@ def test_grad_through_a_loop_of_overlapped_steps(comm, mode):
     np.testing.assert_allclose(comm.allreduce(mine), fd, rtol=1e-6)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_grad_of_a_pipeline_whose_first_request_starts_outside(comm, mode):
-    """A loop that waits for the request the previous iteration started,
-    the first started before the differentiated function: the first wait has
-    no derivative messages, the later ones do, and all share one transposed
-    wait. The gradient (every rank's, along a random direction) against
-    central differences of the pipeline in NumPy; and no request is left
-    pending (the transpose of the first wait started reversed messages that
-    nothing waited for, until it was guarded by the request's id)."""
-    rng = np.random.default_rng(7)
-    u, direction = rng.normal(size=(2, SIZE, 3))
-    x0 = np.arange(3.0)[None] + np.arange(SIZE)[:, None]
+# A pipeline: each of 3 iterations waits for the message that the previous
+# one started and sends it on, times the sender's u; rank r's loss sums what
+# it received. The first message starts before the transformed function.
+X0 = np.arange(3.0)[None] + np.arange(SIZE)[:, None]
 
-    def pipeline(u):  # every rank's, in NumPy: each hop multiplies by the sender's u
-        y, total = np.roll(x0, 1, 0), 0.0
-        for _ in range(3):
-            total, y = total + y.sum(), np.roll(y * u, 1, 0)
-        return total + y.sum()
 
+def _pipeline(u):
+    """Every rank's loss, in NumPy, from every rank's u."""
+    y, total = np.roll(X0, 1, 0), np.zeros(SIZE)
+    for _ in range(3):
+        total, y = total + y.sum(1), np.roll(y * u, 1, 0)
+    return total + y.sum(1)
+
+
+def _pipeline_loss(comm):
     def loss(u, first):
         def body(_, carry):
             request, total = carry
@@ -238,15 +234,48 @@ def test_grad_of_a_pipeline_whose_first_request_starts_outside(comm, mode):
         request, total = lax.fori_loop(0, 3, body, (first, jnp.zeros(())))
         return total + jnp.sum(mpijax.wait(request)[0])
 
+    return loss
+
+
+def _first(comm):
+    return mpijax.ineighbor_exchange([jnp.asarray(X0[RANK])], [PREV], [NEXT], comm=comm)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grad_of_a_pipeline_whose_first_request_starts_outside(comm, mode):
+    """The first wait has no derivative messages, the later ones do, and
+    all share one transposed wait. The gradient (every rank's, along a random
+    direction) against central differences of the pipeline in NumPy; and no
+    request is left pending (the transpose of the first wait started
+    reversed messages that nothing waited for, until it was guarded by the
+    request's id)."""
+    rng = np.random.default_rng(7)
+    u, direction = rng.normal(size=(2, SIZE, 3))
     before = mpijax._src.runtime.core.pending_requests()
-    first = mpijax.ineighbor_exchange([jnp.asarray(x0[RANK])], [PREV], [NEXT], comm=comm)
-    value, grad = MODES[mode](jax.value_and_grad(loss))(jnp.asarray(u[RANK]), first)
+    value, grad = MODES[mode](jax.value_and_grad(_pipeline_loss(comm)))(jnp.asarray(u[RANK]), _first(comm))
     jax.block_until_ready(grad)
     assert mpijax._src.runtime.core.pending_requests() == before
-    np.testing.assert_allclose(comm.allreduce(float(value)), pipeline(u), rtol=1e-12)
+    np.testing.assert_allclose(comm.allreduce(float(value)), _pipeline(u).sum(), rtol=1e-12)
     h = 1e-6
-    fd = (pipeline(u + h * direction) - pipeline(u - h * direction)) / (2 * h)
+    fd = (_pipeline(u + h * direction).sum() - _pipeline(u - h * direction).sum()) / (2 * h)
     np.testing.assert_allclose(comm.allreduce(float(np.dot(grad, direction[RANK]))), fd, rtol=1e-6)
+
+
+def test_vmap_and_jacfwd_of_a_pipeline_whose_first_request_starts_outside(comm):
+    """vmap batches the loop's request, so the first one, started unbatched,
+    is waited for as batched: every element gets its messages (the wait
+    refused them as not matching). jacfwd against central differences,
+    every rank moving its u along basis vector j at once."""
+    rng = np.random.default_rng(8)
+    us = rng.normal(size=(2, SIZE, 3))
+    loss = _pipeline_loss(comm)
+    batched = jax.jit(jax.vmap(loss, in_axes=(0, None)))(jnp.asarray(us[:, RANK]), _first(comm))
+    np.testing.assert_allclose(batched, [_pipeline(u)[RANK] for u in us], rtol=1e-12)
+    jac = jax.jit(jax.jacfwd(loss))(jnp.asarray(us[0, RANK]), _first(comm))
+    h = 1e-6
+    for j, e in enumerate(np.eye(3)):
+        fd = (_pipeline(us[0] + h * e) - _pipeline(us[0] - h * e))[RANK] / (2 * h)
+        np.testing.assert_allclose(jac[j], fd, rtol=1e-6)
 
 
 def test_errors(comm):

@@ -190,16 +190,17 @@ def _sealed(closed, effect):
 program_checks = []
 
 
-def unused_results(closed_jaxpr, primitive):
-    """The equations of `primitive`, anywhere in the program (nested jit,
-    loops, cond, ...), none of whose results is used where they are made."""
+def unused_results(closed_jaxpr, primitives):
+    """The equations of any of `primitives`, anywhere in the program (nested
+    jit, loops, cond, ...), none of whose results is used where they are
+    made."""
     found = []
 
     def walk(jaxpr):
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _core.Var)}
         used |= {v for v in jaxpr.outvars if isinstance(v, _core.Var)}
         for eqn in jaxpr.eqns:
-            if eqn.primitive is primitive and not any(v in used for v in eqn.outvars):
+            if eqn.primitive in primitives and not any(v in used for v in eqn.outvars):
                 found.append(eqn)
             for sub in _core.jaxprs_in_params(eqn.params):
                 walk(sub)

@@ -51,15 +51,17 @@ class MpiPrimitive(jax_compat.Primitive):
 
     routed = False  # whether the last operand is a route (point_to_point.py), which is never aligned
     aligned = True  # whether operands are aligned with the transformations at all
+    vmapped = True  # whether vmap aligns them (not for the primal twin, see bind_primal)
 
     def __init__(self, name):
         super().__init__(name)
         self._eager = {}
+        self.primal = self
 
     def bind(self, *args, **params):
         if jax_compat.is_eager():
             return self._compiled(params)(*args)
-        return super().bind(*self._aligned(args, vmap=True), **params)
+        return super().bind(*self._aligned(args, vmap=self.vmapped), **params)
 
     def _compiled(self, params):
         """The call alone, jitted: what JAX's eager evaluation runs, without
@@ -80,8 +82,20 @@ class MpiPrimitive(jax_compat.Primitive):
     def bind_primal(self, *args, **params):
         """The primal call of a JVP rule. Under vmap it is batched only where
         its operands are: jacfwd computes the primal inside its vmap, from
-        values that are unbatched on every rank, and needs it unbatched."""
-        return super().bind(*self._aligned(args, vmap=False), **params)
+        values that are unbatched on every rank, and needs it unbatched. It
+        is the call of a twin primitive that vmap does not align, so that it
+        stays so where the JVP is staged and batched later (a loop's body
+        under jacfwd)."""
+        return self.primal.bind(*args, **params)
+
+    def with_twin(self):
+        """This primitive and its primal twin (bind_primal), a primitive of
+        its own that the factories register alike."""
+        twin = MpiPrimitive(self.name)
+        twin.vmapped = False
+        twin.routed, twin.aligned = self.routed, self.aligned
+        self.primal = twin
+        return self, twin
 
     def _aligned(self, args, vmap, trace=None):
         if not self.aligned:
@@ -131,9 +145,6 @@ def mpi_primitive(
     prim.routed = routed
     prim.aligned = aligned
     prim.check_transposable = check_transposable or (lambda **params: None)
-    prim.multiple_results = True
-    prim.def_impl(partial(jax_compat.apply_primitive, prim))
-    prim.def_effectful_abstract_eval(lambda *avals, **params: (outputs(*avals, **params), {mpi_effect}))
 
     def lower(ctx, *operands, **params):
         token = ctx.tokens_in.get(mpi_effect)
@@ -151,9 +162,14 @@ def mpi_primitive(
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
         return results
 
-    for platform in FFI_TARGETS:
-        mlir.register_lowering(prim, lower, platform=platform.lower())
-    jax_compat.stage_mpi_calls(prim, prim.check_transposable)
+    for p in prim.with_twin():
+        p.check_transposable = prim.check_transposable
+        p.multiple_results = True
+        p.def_impl(partial(jax_compat.apply_primitive, p))
+        p.def_effectful_abstract_eval(lambda *avals, **params: (outputs(*avals, **params), {mpi_effect}))
+        for platform in FFI_TARGETS:
+            mlir.register_lowering(p, lower, platform=platform.lower())
+        jax_compat.stage_mpi_calls(p, prim.check_transposable)
     _define_rules(prim, jvp, transpose, batch)
     return prim
 
@@ -167,12 +183,15 @@ def _attribute(value):
 
 
 def _define_rules(prim, jvp, transpose, batch):
-    if jvp is not None:
-        ad.primitive_jvps[prim] = partial(jvp, prim)
-    if transpose is not None:
-        ad.primitive_transposes[prim] = transpose
-    if batch is not None:
-        batching.primitive_batchers[prim] = partial(batch, prim)
+    """The rules of prim and of its primal twin; the JVP rule is prim's for
+    both, so that the tangents' calls are aligned with vmap."""
+    for p in (prim, prim.primal):
+        if jvp is not None:
+            ad.primitive_jvps[p] = partial(jvp, prim)
+        if transpose is not None:
+            ad.primitive_transposes[p] = transpose
+        if batch is not None:
+            batching.primitive_batchers[p] = partial(batch, p)
 
 
 def _token_primitive(name, outputs, lower):
@@ -218,16 +237,17 @@ def local_primitive(name, impl, *, transpose, batch):
     drop it, and skip the collective that the other ranks make when
     transposing again. `batch`: the vmap rule."""
     prim = MpiPrimitive(f"mpijax_{name}")
-    prim.def_impl(impl)
 
     def abstract(x, **params):
         out = jax.eval_shape(partial(impl, **params), x)
         return jax.core.ShapedArray(out.shape, out.dtype), {mpi_effect}
 
-    prim.def_effectful_abstract_eval(abstract)
-    # lower_fun passes the token through unchanged.
-    mlir.register_lowering(prim, mlir.lower_fun(impl, multiple_results=False))
-    jax_compat.stage_mpi_calls(prim)
+    for p in prim.with_twin():
+        p.def_impl(impl)
+        p.def_effectful_abstract_eval(abstract)
+        # lower_fun passes the token through unchanged.
+        mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
+        jax_compat.stage_mpi_calls(p)
     _define_rules(prim, linear_jvp, transpose, batch)
     return prim
 

@@ -216,9 +216,10 @@ def wait(requests=None, *, after=None):
     return results[0] if single else results
 
 
-def _bind_wait(ids, after, comm, routes, guards=()):
+def _bind_wait(ids, after, comm, routes, guards=(), batch=None):
     """The wait for requests `ids`; `guards`, one id per request or none, go
-    unread to the wait's transpose (see _wait_transpose)."""
+    unread to the wait's transpose (see _wait_transpose); `batch`: the size
+    of the batch that vmap gave each request's results (see _batch_wait)."""
     return wait_p.bind(
         *ids,
         *guards,
@@ -226,6 +227,7 @@ def _bind_wait(ids, after, comm, routes, guards=()):
         comm=comm,
         requests=len(ids),
         guarded=int(bool(guards)),
+        batch=batch or (1,) * len(ids),
         routes=tuple(routes),
         counts=tuple(len(r.recvs) for r in routes),
     )
@@ -268,30 +270,31 @@ def _start_transpose(cts, *operands, **params):
     return results
 
 
-def _wait_jvp(prim, primals, tangents, *, comm, requests, guarded, routes, counts):
+def _wait_jvp(prim, primals, tangents, *, comm, requests, guarded, batch, routes, counts):
     """Wait for the requests that move the tangents too (those whose id has
     a tangent: started under this differentiation), after `after`'s
     tangents; each guarded by its request's id."""
-    outs = prim.bind(*primals, comm=comm, requests=requests, guarded=guarded, routes=routes, counts=counts)
+    outs = prim.bind(*primals, comm=comm, requests=requests, guarded=guarded, batch=batch, routes=routes, counts=counts)
     out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
-    ids, guards, moving, places = [], [], [], []
+    ids, guards, batches, moving, places = [], [], [], [], []
     for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):
         route, _, recv_keep = routes[k].derivative()
         if type(tangents[k]) is not ad.Zero and route.moves():
             ids.append(tangents[k])
             guards.append(primals[k])
+            batches.append(batch[k])
             moving.append(route)
             places += [int(offset) + j for j in recv_keep]
     if ids:
         after = [
             t for t in tangents[requests * (1 + guarded) :] if type(t) is not ad.Zero and _inexact(jax.typeof(t).dtype)
         ]
-        for i, t in zip(places, _bind_wait(ids, after, comm, moving, guards), strict=True):
+        for i, t in zip(places, _bind_wait(ids, after, comm, moving, guards, tuple(batches)), strict=True):
             out_tangents[i] = t
     return outs, out_tangents
 
 
-def _wait_transpose(cts, *operands, comm, requests, guarded, routes, counts):
+def _wait_transpose(cts, *operands, comm, requests, guarded, batch, routes, counts):
     """Start the reversed messages, each result's cotangent back to its
     source; their id is the cotangent of the request's. Each start is
     guarded by the request's id: a loop that carries a request started
@@ -327,10 +330,13 @@ def _batch_start(prim, args, dims, *, recvs, **params):
     return [jnp.broadcast_to(id, (size,))], [0]
 
 
-def _batch_wait(prim, args, dims, *, routes, requests, guarded, **params):
+def _batch_wait(prim, args, dims, *, routes, requests, guarded, batch, **params):
     """One wait for the batch: a batched id (or guard) is the same for every
     element (see _batch_start), and its results are batched; what it waits
-    after stays as it is."""
+    after stays as it is. A batched id may be one that vmap broadcast: a
+    request started outside the vmap and carried into a loop whose later
+    iterations start batched ones. Its messages are then one element's, and
+    the handler gives them to every element of the batch (`batch`)."""
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     batched = [d is not None for d in dims[:requests]]
     n = requests * (1 + guarded)
@@ -338,7 +344,8 @@ def _batch_wait(prim, args, dims, *, routes, requests, guarded, **params):
         a if d is None else lax.index_in_dim(a, 0, d, keepdims=False) for a, d in zip(args[:n], dims[:n], strict=True)
     ]
     routes = tuple(r.batched(size) if b else r for r, b in zip(routes, batched, strict=True))
-    outs = prim.bind(*ids, *args[n:], routes=routes, requests=requests, guarded=guarded, **params)
+    batch = tuple(m * size if b else m for m, b in zip(batch, batched, strict=True))
+    outs = prim.bind(*ids, *args[n:], routes=routes, requests=requests, guarded=guarded, batch=batch, **params)
     return outs, [0 if b else None for r, b in zip(routes, batched, strict=True) for _ in r.recvs]
 
 
@@ -359,7 +366,7 @@ wait_p = mpi_primitive(
     jvp=_wait_jvp,
     transpose=_wait_transpose,
     batch=_batch_wait,
-    attributes=("comm", "requests", "counts"),
+    attributes=("comm", "requests", "counts", "batch"),
     aligned=False,
 )
 
@@ -430,7 +437,7 @@ def _every_request_is_used(closed_jaxpr):
     """A request dropped where it is started would never be waited for: its
     messages would stay pending, and a send might keep its receiver, or
     MPI_Finalize, waiting."""
-    dropped = jax_compat.unused_results(closed_jaxpr, start_p)
+    dropped = jax_compat.unused_results(closed_jaxpr, (start_p, start_p.primal))
     if dropped:
         raise ValueError(
             f"mpijax: {len(dropped)} request(s) started by isend, irecv or ineighbor_exchange in this function are "
