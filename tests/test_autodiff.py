@@ -738,6 +738,66 @@ def test_grad_through_checkpoint(comm):
     assert_close(jax.jit(jax.grad(loss))(x), jax.jit(jax.grad(plain))(x), rtol=1e-12)
 
 
+def test_derivatives_of_a_handoff_under_checkpoint_and_in_loops(comm):
+    """Each even rank sends to the next rank, which receives into a constant
+    buffer: the receiver's calls have constant operands only, where its
+    peer's are differentiated. grad against its closed form, and grad,
+    jacrev and hessian under jax.checkpoint (nested), in fori_loop and in
+    a checkpointed fori_loop against the plain steps. Under checkpoint the
+    receiver's tangent receive ran in the forward pass and then received
+    again in the backward one, where its peer received too (a deadlock)."""
+
+    def body(x):
+        if RANK % 2 == 0:
+            if RANK + 1 < SIZE:
+                mpijax.send(x, RANK + 1, comm=comm)
+            return x * x
+        return x * mpijax.recv(jnp.zeros_like(x), RANK - 1, comm=comm)
+
+    def plain(x):
+        return jnp.sum(body(body(x)))
+
+    variants = [
+        lambda x: jnp.sum(jax.checkpoint(body)(jax.checkpoint(body)(x))),
+        lambda x: jnp.sum(lax.fori_loop(0, 2, lambda i, c: body(c), x)),
+        lambda x: jnp.sum(lax.fori_loop(0, 2, lambda i, c: jax.checkpoint(body)(c), x)),
+    ]
+    xs = np.arange(SIZE * N, dtype=np.float64).reshape(SIZE, N) * 0.1 + 0.5
+    # Two steps leave x**4 on an even rank and x * x_prev**3 on an odd one;
+    # the gradient of their sum over ranks:
+    if RANK % 2:
+        closed_form = xs[RANK - 1] ** 3
+    else:
+        after = xs[RANK + 1] if RANK + 1 < SIZE else 0
+        closed_form = 4 * xs[RANK] ** 3 + 3 * after * xs[RANK] ** 2
+    x = jnp.asarray(xs[RANK])
+    assert_close(jax.grad(plain)(x), closed_form, rtol=1e-12)
+    for derivative in (jax.grad, jax.jacrev, jax.hessian):
+        want = jax.jit(derivative(plain))(x)
+        for f in variants:
+            assert_close(jax.jit(derivative(f))(x), want, rtol=1e-12)
+
+
+def test_vmap_of_cond_whose_predicate_is_batched(comm):
+    """vmap turns a cond on a batched predicate into both branches on
+    batched operands, the route constant of each receive too (refused
+    before): each element gets its own branch's message."""
+
+    def f(x):
+        return lax.cond(
+            x[0] > 0,
+            lambda c: mpijax.sendrecv(c, jnp.zeros_like(c), PREV, NEXT, comm=comm),
+            lambda c: 2 * mpijax.sendrecv(c, jnp.zeros_like(c), NEXT, PREV, comm=comm),
+            x,
+        )
+
+    signs = np.array([1.0, -1.0, -1.0, 1.0])[:, None]
+    xs = [signs * (np.arange(4 * N).reshape(4, N) + 1 + 100 * r) for r in range(SIZE)]
+    got = jax.jit(jax.vmap(f))(jnp.asarray(xs[RANK]))
+    want = np.where(signs > 0, xs[PREV], 2 * xs[NEXT])
+    assert_close(got, want, rtol=1e-12)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_cg_with_distributed_matvec(comm, mode):
     """A = sum over ranks of A_r (SPD), each rank holds A_r; cg on the

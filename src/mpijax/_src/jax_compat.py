@@ -282,57 +282,99 @@ def align_with_transformation(args, vmap=True, trace=None):
 
 
 # The partial evaluation under way in which MPI calls are never evaluated
-# early: its parent trace, and whether it is linear_transpose's.
+# early: its parent trace (or _TANGENTS), and whether it is linear_transpose's.
 _staging_under = contextvars.ContextVar("mpijax_staging_under", default=(None, False))
+_TANGENTS = object()
 
 
-def _stages_every_mpi_call(trace_to_jaxpr):
-    """`pe.trace_to_jaxpr_nounits` runs a function on partially known values
+def _staging(partial_eval, tangents_only):
+    """`partial_eval`, under which MPI calls are staged (see stage_mpi_calls).
+
+    `pe.trace_to_jaxpr_nounits` runs a function on partially known values
     and evaluates at once whatever depends on known values only. JAX uses it
     in linear_transpose, where a call whose operands are constants on one
     rank would run at trace time there but be transposed on the others, and
     to hoist loop-invariant work out of a scan under differentiation, which
     would take a receive into a constant buffer out of its loop (and the
-    sender's loop would wait forever). Under it, MPI calls are staged."""
+    sender's loop would wait forever). Under it, MPI calls are staged.
+
+    `pe.partial_eval_jaxpr_nounits` (`tangents_only`) splits the
+    recomputation of a checkpointed function from its linear part when it is
+    transposed. A receive into a constant buffer has a constant zero tangent
+    on its rank: evaluated early, it would receive where the peer's
+    transposed send has become a receive too. Under it, the calls of
+    tangents with a floating-point operand are staged, at any depth."""
 
     def wrapper(*args, **kwargs):
-        linear = sys._getframe(1).f_code.co_name == "linear_transpose"
-        token = _staging_under.set((_core.trace_ctx.trace, linear))
+        if tangents_only:
+            scope = (_TANGENTS, False)
+        else:
+            scope = (_core.trace_ctx.trace, sys._getframe(1).f_code.co_name == "linear_transpose")
+        token = _staging_under.set(scope)
         try:
-            return trace_to_jaxpr(*args, **kwargs)
+            return partial_eval(*args, **kwargs)
         finally:
             _staging_under.reset(token)
 
     return wrapper
 
 
-_pe.trace_to_jaxpr_nounits = _stages_every_mpi_call(_pe.trace_to_jaxpr_nounits)
+_pe.trace_to_jaxpr_nounits = _staging(_pe.trace_to_jaxpr_nounits, tangents_only=False)
+_pe.partial_eval_jaxpr_nounits = _staging(_pe.partial_eval_jaxpr_nounits, tangents_only=True)
 
 
-def stage_mpi_calls(primitive, check_transposable=None):
+def stage_mpi_calls(primitive, check_transposable=None, tangents=False):
     """Partial evaluation of `primitive`: JAX's default, except under
     pe.trace_to_jaxpr_nounits, where the call is always staged, with its
-    floating-point constants as linear values (a frozen new ref), so that
-    linear_transpose transposes it on every rank. There
-    `check_transposable(**params)` may raise first, on every rank alike,
-    before any MPI call has run."""
+    floating-point constants as linear values (a frozen new ref) if
+    `tangents` (the primitive of the tangents' calls, not its primal twin),
+    so that linear_transpose transposes it on every rank; and under
+    pe.partial_eval_jaxpr_nounits, see _TANGENTS. There `check_transposable(**params)` may raise first, on
+    every rank alike, before any MPI call has run."""
 
     def rule(trace, *tracers, **params):
         parent, linear = _staging_under.get()
-        if parent is trace.parent_trace:
+        inexact = any(jnp.issubdtype(t.aval.dtype, jnp.inexact) for t in tracers)
+        if parent is trace.parent_trace or (parent is _TANGENTS and tangents and inexact):
             if linear and check_transposable:
                 check_transposable(**params)
             if all(t.pval.is_known() for t in tracers):
                 with _core.set_current_trace(trace):
-                    tracers = [_staged(trace, t) for t in tracers]
+                    tracers = [_staged(trace, t, linear=tangents) for t in tracers]
         return trace.default_process_primitive(primitive, tracers, params)
 
     _pe.custom_partial_eval_rules[primitive] = rule
 
 
-def _staged(trace, tracer):
+def stage_tangent_calls_in_remat(primitive):
+    """Under jax.checkpoint, JAX's partial evaluation (partial_eval_jaxpr_custom)
+    runs a call whose operands are all known in the forward pass. In the JVP
+    of the checkpointed function, the calls of the tangents (this primitive;
+    the primal's calls bind its twin) can have only known operands on one rank,
+    a receive into a constant buffer whose tangent is a constant zero, while
+    the peer's send has an unknown tangent: the receive would run forward
+    there, and the send be transposed into a receive that nothing answers. So
+    a call with a floating-point operand is always staged, and transposed on
+    every rank alike; the others (integer calls, not differentiated) are left
+    as JAX leaves them: run forward, never recomputed, as any effect."""
+
+    def rule(saveable, unks_in, inst_in, eqn):
+        n = len(eqn.outvars)
+        if any(unks_in) or any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars):
+            residuals = [v for v, inst in zip(eqn.invars, inst_in, strict=True) if type(v) is _core.Var and not inst]
+            return None, eqn, [True] * n, [True] * n, residuals
+        return eqn, None, [False] * n, [False] * n, []
+
+    _pe.partial_eval_jaxpr_custom_rules[primitive] = rule
+
+
+def _staged(trace, tracer, linear):
+    """`tracer` as an unknown operand; a floating-point one as a linear
+    value too if `linear` (not for the primal twin's calls, whose operands
+    a frozen ref would leave batched where vmap batches the refs of a
+    loop's body, as jacfwd of a transpose does)."""
     staged = trace.instantiate_const(tracer)
-    if jnp.issubdtype(staged.aval.dtype, jnp.inexact):
+    if linear and jnp.issubdtype(staged.aval.dtype, jnp.inexact):
         return jax.freeze(jax.new_ref(staged))
     return staged
 

@@ -169,7 +169,8 @@ def mpi_primitive(
         p.def_effectful_abstract_eval(lambda *avals, **params: (outputs(*avals, **params), {mpi_effect}))
         for platform in FFI_TARGETS:
             mlir.register_lowering(p, lower, platform=platform.lower())
-        jax_compat.stage_mpi_calls(p, prim.check_transposable)
+        jax_compat.stage_mpi_calls(p, prim.check_transposable, tangents=p is prim)
+    jax_compat.stage_tangent_calls_in_remat(prim)
     _define_rules(prim, jvp, transpose, batch)
     return prim
 
@@ -247,7 +248,8 @@ def local_primitive(name, impl, *, transpose, batch):
         p.def_effectful_abstract_eval(abstract)
         # lower_fun passes the token through unchanged.
         mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
-        jax_compat.stage_mpi_calls(p)
+        jax_compat.stage_mpi_calls(p, tangents=p is prim)
+    jax_compat.stage_tangent_calls_in_remat(prim)
     _define_rules(prim, linear_jvp, transpose, batch)
     return prim
 

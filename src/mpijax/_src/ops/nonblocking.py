@@ -274,7 +274,9 @@ def _wait_jvp(prim, primals, tangents, *, comm, requests, guarded, batch, routes
     """Wait for the requests that move the tangents too (those whose id has
     a tangent: started under this differentiation), after `after`'s
     tangents; each guarded by its request's id."""
-    outs = prim.bind(*primals, comm=comm, requests=requests, guarded=guarded, batch=batch, routes=routes, counts=counts)
+    outs = prim.bind_primal(
+        *primals, comm=comm, requests=requests, guarded=guarded, batch=batch, routes=routes, counts=counts
+    )
     out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
     ids, guards, batches, moving, places = [], [], [], [], []
     for k, offset in enumerate(np.cumsum((0, *counts[:-1]))):

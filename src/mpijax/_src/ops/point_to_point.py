@@ -13,6 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.interpreters import ad
 from mpi4py import MPI
 
@@ -162,10 +163,14 @@ def _jvp(prim, primals, tangents, **params):
 
 def _batch(prim, args, dims, **params):
     """One message carries the whole batch, batch axis first; its route is
-    the status of one such message."""
+    the status of one such message. So a batched route is the same in every
+    element, one route that vmap broadcast (a cond whose predicate is batched
+    runs both branches on batched operands, its constants included)."""
     *data, route = args
     if dims[-1] is not None:
-        raise NotImplementedError(f"{prim.name}: vmap over the envelope of a receive is not supported")
+        route = lax.index_in_dim(route, 0, dims[-1], keepdims=False)
+    if all(d is None for d in dims[:-1]):
+        return prim.bind(*data, route, **params), [None, None]
     outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
     return outs, [0, None][: len(outs)]
 

@@ -80,10 +80,10 @@ def _weights(x, y, comm, op):
     """w for MIN/MAX (where y, the reduction, is known on every rank) and PROD."""
     if op == PROD:
         # The product of every other rank's value: exact where some are zero.
-        return exclusive_scan(x, comm, PROD, False) * exclusive_scan(x, comm, PROD, True)
+        return exclusive_scan(x, comm, PROD, False, primal=True) * exclusive_scan(x, comm, PROD, True, primal=True)
     # The derivative follows the arg max; ranks that tie share it equally.
     hit = (x == y).astype(x.dtype)
-    return hit / allreduce_p.bind(hit, comm=comm, op=SUM)[0]
+    return hit / allreduce_p.bind_primal(hit, comm=comm, op=SUM)[0]
 
 
 def _allreduce_jvp(prim, primals, tangents, *, comm, op):
@@ -144,7 +144,7 @@ def _gathered_tangent(x, t, comm, op, reverse, exclusive):
     if exclusive:
         members &= ranks != info.rank
     members = members.reshape((info.size,) + (1,) * x.ndim)
-    (values,) = collectives.allgather_p.bind(x, comm=comm, counts=(), replicated=1)
+    (values,) = collectives.allgather_p.bind_primal(x, comm=comm, counts=(), replicated=1)
     if op == PROD:  # the product of the other members' factors, from both sides
         factors = jnp.where(members, values, 1)
         ones = jnp.ones_like(factors[:1])
@@ -296,8 +296,10 @@ def identity(op, dtype):
     return np.zeros((), dtype)
 
 
-def exclusive_scan(x, comm, op, reverse):
+def exclusive_scan(x, comm, op, reverse, primal=False):
     """op over the ranks before this one (after it, if reverse): the
-    identity of op on the first rank, where MPI_Exscan defines nothing."""
+    identity of op on the first rank, where MPI_Exscan defines nothing.
+    primal: a call of a JVP rule on primal values (bind_primal)."""
     fill = identity(op, x.dtype).tobytes()
-    return scan_p.bind(x, comm=comm, op=op, reverse=int(reverse), exclusive=1, identity=fill)[0]
+    bind = scan_p.bind_primal if primal else scan_p.bind
+    return bind(x, comm=comm, op=op, reverse=int(reverse), exclusive=1, identity=fill)[0]
