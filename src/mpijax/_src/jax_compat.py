@@ -298,7 +298,7 @@ def _staging(partial_eval, tangents_only):
     would take a receive into a constant buffer out of its loop (and the
     sender's loop would wait forever). Under it, MPI calls are staged.
 
-    `pe.partial_eval_jaxpr_nounits` (`tangents_only`) splits the
+    `pe.partial_eval_jaxpr_nounits[_fwd]` (`tangents_only`) splits the
     recomputation of a checkpointed function from its linear part when it is
     transposed. A receive into a constant buffer has a constant zero tangent
     on its rank: evaluated early, it would receive where the peer's
@@ -320,7 +320,10 @@ def _staging(partial_eval, tangents_only):
 
 
 _pe.trace_to_jaxpr_nounits = _staging(_pe.trace_to_jaxpr_nounits, tangents_only=False)
-_pe.partial_eval_jaxpr_nounits = _staging(_pe.partial_eval_jaxpr_nounits, tangents_only=True)
+# JAX 0.12's checkpoint transposes with the _fwd form.
+for _name in ("partial_eval_jaxpr_nounits", "partial_eval_jaxpr_nounits_fwd"):
+    if hasattr(_pe, _name):
+        setattr(_pe, _name, _staging(getattr(_pe, _name), tangents_only=True))
 
 
 def stage_mpi_calls(primitive, check_transposable=None, tangents=False):
