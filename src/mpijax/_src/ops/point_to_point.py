@@ -170,7 +170,8 @@ def _batch(prim, args, dims, **params):
     if dims[-1] is not None:
         route = lax.index_in_dim(route, 0, dims[-1], keepdims=False)
     if all(d is None for d in dims[:-1]):
-        return prim.bind(*data, route, **params), [None, None]
+        outs = prim.bind(*data, route, **params)
+        return outs, [None] * len(outs)
     outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
     return outs, [0, None][: len(outs)]
 
