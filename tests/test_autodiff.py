@@ -505,10 +505,13 @@ def test_linear_transpose_three_deep(comm, case):
     assert_close(transposed(transposed(f, x), w)(x), f(x), rtol=1e-12)
 
 
-# The batch axis moved in, then out: between them every rule's handling of
-# axis 0 (the default) on the way in and on the way out.
-@pytest.mark.parametrize("in_axis,out_axis", [(-1, 0), (0, -1)])
-@pytest.mark.parametrize("case", CASES, ids=repr)
+# The batch axis moved in or out, in turn over the cases: every rule moves
+# its operands' batch axes with one helper (batch_operands), so between them
+# the cases cover axis 0 (the default) and another on the way in and out.
+VMAP_AXES = [(case, *[(-1, 0), (0, -1)][i % 2]) for i, case in enumerate(CASES)]
+
+
+@pytest.mark.parametrize("case,in_axis,out_axis", VMAP_AXES, ids=[f"{c!r}-{i}-{o}" for c, i, o in VMAP_AXES])
 def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capfd):
     batch = [inputs(case, f"batch{b}") for b in range(4)]
     stacked = jnp.asarray(np.stack([b[RANK] for b in batch], axis=in_axis))

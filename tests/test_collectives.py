@@ -21,14 +21,14 @@ def run(mode, f, x):
     return MODES[mode](f)(x)
 
 
-@checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)
+@checkerboard(4, dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_bcast(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.bcast(x, root, comm=comm), xs[RANK])
     assert_equal(result, xs[root])
 
 
-@checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)
+@checkerboard(4, dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_gather(comm, mode, dtype, shape, root):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.gather(x, root, comm=comm), xs[RANK])
@@ -72,7 +72,7 @@ def test_where_x_is_returned_it_is_not_copied(comm, op, update):
     assert len(copies(call)) <= len(copies(lambda x: x * 1.0)), copies(call)
 
 
-@checkerboard(2, dtype=DTYPES, shape=SHAPES, root=ROOTS)
+@checkerboard(4, dtype=DTYPES, shape=SHAPES, root=ROOTS)
 def test_scatter(comm, mode, dtype, shape, root):
     blocks = data((SIZE, *shape), dtype, rank=root)  # only the root's data travels
     x = blocks if RANK == root else data(shape, dtype, RANK, seed=1)
@@ -80,14 +80,14 @@ def test_scatter(comm, mode, dtype, shape, root):
     assert_equal(result, blocks[RANK])
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES)
 def test_allgather(comm, mode, dtype, shape):
     xs = all_data(shape, dtype)
     result = run(mode, lambda x: mpijax.allgather(x, comm=comm), xs[RANK])
     assert_equal(result, np.stack(xs))
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES)
 def test_alltoall(comm, mode, dtype, shape):
     xs = all_data((SIZE, *shape), dtype)
     result = run(mode, lambda x: mpijax.alltoall(x, comm=comm), xs[RANK])

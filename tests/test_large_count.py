@@ -29,7 +29,7 @@ def limit():
 COUNTS = [0, 6, 7, 14, 23]  # below, at, twice and past the limit
 
 
-@checkerboard(dtype=["float16", "int8", "float64", "complex64"], n=COUNTS)
+@checkerboard(2, dtype=["float16", "int8", "float64", "complex64"], n=COUNTS)
 def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
     xs = all_data((n,), dtype)
     blocks = all_data((SIZE, n), dtype, seed=1)

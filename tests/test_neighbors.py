@@ -26,7 +26,7 @@ def run(mode, f, *args):
     return [np.asarray(y) for y in MODES[mode](f)(*args)]
 
 
-@checkerboard(dtype=DTYPES, shape=[(), (0,), (5,), (4, 2)])
+@checkerboard(2, dtype=DTYPES, shape=[(), (0,), (5,), (4, 2)])
 def test_ring_both_ways_and_oneself(comm, mode, dtype, shape):
     xs = [[data(shape, dtype, r, seed) for seed in range(3)] for r in range(SIZE)]
     got = run(

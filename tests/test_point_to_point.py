@@ -32,14 +32,14 @@ def ring(x, comm, tag=0):
     return y
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES)
 def test_send_recv_ring(comm, mode, dtype, shape):
     xs = all_data(shape, dtype)
     result = MODES[mode](lambda x: ring(x, comm))(xs[RANK])
     assert_equal(result, xs[PREV])
 
 
-@checkerboard(dtype=DTYPES, shape=SHAPES)
+@checkerboard(2, dtype=DTYPES, shape=SHAPES)
 def test_sendrecv_ring(comm, mode, dtype, shape):
     xs = all_data(shape, dtype)
     result = MODES[mode](lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))(xs[RANK])

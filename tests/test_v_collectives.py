@@ -33,7 +33,7 @@ def blocks(counts, row, dtype, seed=0):
     return [data((n, *row), dtype, r, seed) for r, n in enumerate(counts)]
 
 
-@checkerboard(dtype=DTYPES, layout=list(LAYOUTS), row=ROWS)
+@checkerboard(3, dtype=DTYPES, layout=list(LAYOUTS), row=ROWS)
 def test_allgatherv(comm, mode, dtype, layout, row):
     counts = LAYOUTS[layout]
     xs = blocks(counts, row, dtype)
@@ -68,7 +68,7 @@ def sends(r, layout):
     return [3 if j == SIZE - 1 else 0 for j in range(SIZE)]  # everything to the last rank
 
 
-@checkerboard(dtype=DTYPES, layout=list(LAYOUTS), row=ROWS)
+@checkerboard(3, dtype=DTYPES, layout=list(LAYOUTS), row=ROWS)
 def test_alltoallv(comm, mode, dtype, layout, row):
     send_counts = [sends(r, layout) for r in range(SIZE)]
     xs = [data((sum(send_counts[r]), *row), dtype, r) for r in range(SIZE)]
@@ -110,7 +110,7 @@ def fold(op, values, dtype):
     return result.astype(np_dtype(dtype))
 
 
-@checkerboard(**{"dtype,op": REDUCTIONS}, shape=[(), (3,)])
+@checkerboard(2, **{"dtype,op": REDUCTIONS}, shape=[(), (3,)])
 def test_reduce_scatter(comm, mode, dtype, op, shape):
     xs = all_data((SIZE, *shape), dtype)
     got = run(mode, lambda x: mpijax.reduce_scatter(x, getattr(MPI, op), comm=comm), xs[RANK])
@@ -132,7 +132,7 @@ def identity(op, dtype):
     return np.zeros((), dt)
 
 
-@checkerboard(**{"dtype,op": REDUCTIONS}, shape=[(), (0,), (3,)])
+@checkerboard(3, **{"dtype,op": REDUCTIONS}, shape=[(), (0,), (3,)])
 def test_exscan(comm, mode, dtype, op, shape):
     xs = all_data(shape, dtype)
     got = run(mode, lambda x: mpijax.exscan(x, getattr(MPI, op), comm=comm), xs[RANK])
