@@ -41,7 +41,15 @@ if [ "${MPIJAX_MPI:-}" = mpich ]; then
   MPICC=$mpicc "$venv/bin/python" -m pip install -q --no-binary=mpi4py "mpi4py>=4"
   export CMAKE_ARGS="${CMAKE_ARGS:-} -DMPI_C_COMPILER=$(command -v "$mpicc")"
 fi
-"$venv/bin/python" -m pip install -q ".[test,examples]"
+# Built once as a wheel, kept in build/wheel$venv (build/wheel.venv for
+# .venv): scripts/test.sh installs the same build under the oldest supported
+# JAX. Replaced, not upgraded in place (a wheel of the same version would
+# count as installed already).
+wheels=build/wheel$venv
+rm -rf "$wheels"
+"$venv/bin/python" -m pip wheel -q --no-deps -w "$wheels" .
+"$venv/bin/python" -m pip uninstall -q -y mpijax 2>/dev/null || true
+"$venv/bin/python" -m pip install -q "$(ls "$wheels"/mpijax-*.whl)[test,examples]"
 
 if [ "${1:-}" != "--no-example" ]; then
   echo "== $mpirun -n 2 python examples/shallow_water.py"

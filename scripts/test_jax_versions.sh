@@ -8,7 +8,8 @@
 # (python3 by default). RANKS: 2 by default. Each run's output goes to
 # build/jax-VERSION/pytest.log; this prints its summary lines, and exits
 # non-zero if any run failed. scripts/test.sh runs it at 1 rank on the oldest
-# supported JAX (src/mpijax/_src/jax_version.py).
+# supported JAX (src/mpijax/_src/jax_version.py), with MPIJAX_WHEEL set to the
+# wheel that scripts/setup.sh built (the same build, not built again).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ranks=2
@@ -23,7 +24,8 @@ for spec in "$@"; do
   if [ ! -x "$env/bin/python" ]; then
     "$python" -m venv "$env" && "$env/bin/python" -m pip install -q --upgrade pip || { failed=1; continue; }
   fi
-  if ! "$env/bin/python" -m pip install -q "jax==$version" "jaxlib==$version" ".[test]"; then
+  "$env/bin/python" -m pip uninstall -q -y mpijax 2>/dev/null
+  if ! "$env/bin/python" -m pip install -q "jax==$version" "jaxlib==$version" "${MPIJAX_WHEEL:-.}[test]"; then
     echo "== JAX $version: could not install it with mpijax"; failed=1; continue
   fi
   timeout 1800 "$mpirun" -n "$ranks" "$env/bin/python" -m pytest -m "not launcher" -q --color=no -p no:cacheprovider tests \
