@@ -519,6 +519,33 @@ def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capf
     assert_close(vmapped(stacked), want, rtol=1e-12)
 
 
+# The suite runs with jax_enable_x64 (float64 finite differences); most users
+# run JAX's default 32-bit mode: a few cases of each kind of call there.
+BITS32 = ["allreduce-MAX", "bcast-constant-buffer", "scatter-root0", "sendrecv", "recv-defaults-constant-buffer",
+          "neighbor_exchange-ring", "isend-irecv-ring"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in BITS32], ids=repr)
+def test_jvp_vjp_and_vmap_in_jax_default_32_bit_mode(comm, case):
+    xs, vs, ws = inputs(case), inputs(case, "v"), cotangents(case)
+    batch = [inputs(case, f"batch{b}") for b in range(2)]
+    f = functools.partial(call_with, case.call, comm)
+
+    def derivatives_and_vmap(x, v, w, stacked):
+        y, ydot = jax.jvp(f, (x,), (v,))
+        return y, ydot, jax.vjp(f, x)[1](w)[0], jax.vmap(f)(stacked)
+
+    with jax.enable_x64(False):
+        args = [np.float32(a) for a in (xs[RANK], vs[RANK], ws[RANK], np.stack([b[RANK] for b in batch]))]
+        y, ydot, xbar, ys = jax.jit(derivatives_and_vmap)(*args)
+    assert {a.dtype for a in (y, ydot, xbar, ys)} == {np.dtype(np.float32)}
+    assert_close(y, case.reference(xs)[RANK], rtol=1e-6)
+    assert_close(ydot, fd_tangents(case, xs, vs)[RANK], rtol=1e-4, atol=1e-5)
+    lhs = pairing(case, ws, fd_tangents(case, xs, vs))
+    assert global_sum(np.vdot(xbar, vs[RANK])) == pytest.approx(lhs, rel=1e-5)
+    assert_close(ys, np.stack([case.reference(b)[RANK] for b in batch]), rtol=1e-6)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in ("allreduce-SUM", "sendrecv", "alltoall")], ids=repr)
 def test_vmap_of_grad_and_grad_of_vmap(comm, case):
     batch = [inputs(case, f"batch{b}") for b in range(3)]
