@@ -61,7 +61,7 @@ ctest_stage ctest
 [ "$mpich" != 0 ] && export MPIJAX_OTHER_MPI4PY=$(site_packages .venv-mpich/bin/python)
 stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 # At 1 rank, under the oldest JAX that mpijax supports (its own venv, with
-# mpijax built as pip builds it); at 2 and 3 ranks under .venv's.
+# the wheel that setup.sh built); at 2 and 3 ranks under .venv's.
 oldest_jax=$("$python" -c "from mpijax._src.jax_version import TESTED; print(TESTED[0])")
 MPIJAX_WHEEL=$(ls build/wheel.venv/mpijax-*.whl) \
   stage "pytest-1-rank-jax-$oldest_jax" bash scripts/test_jax_versions.sh -n 1 "$oldest_jax"

@@ -30,9 +30,11 @@ def checkerboard(keep=1, **axes):
     """Parametrizes `mode` and every axis (name -> values; a name "a,b" takes
     tuples) over the combinations whose value indices add up to a multiple of
     `keep` (all, by default), each in one mode: eager and jit alternate along
-    every axis. Every value of every axis still runs both eager and jitted,
-    with 1 / (2 * keep) of the tests in each mode (the MPI call is the same
-    in both: only dispatch differs). keep = k thins the grid k-fold, yet the
+    every axis. Every value of every axis still runs, and each test runs both
+    eager and jitted, 1 / (2 * keep) of the grid in each mode (the MPI call is
+    the same in both: only dispatch differs); a value runs in both modes where
+    the sums of the other axes' indices take 2 * keep or more consecutive
+    values. keep = k thins the grid k-fold, yet the
     values of all axes but one still meet wherever that axis has k or more
     values (one of them makes up the sum): axes that steer independent parts
     of a call (a dtype's arithmetic, a shape's count) meet pairwise without
