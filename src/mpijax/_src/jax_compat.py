@@ -332,13 +332,13 @@ def stage_mpi_calls(primitive, check_transposable=None, tangents=False):
     floating-point constants as linear values (a frozen new ref) if
     `tangents` (the primitive of the tangents' calls, not its primal twin),
     so that linear_transpose transposes it on every rank; and under
-    pe.partial_eval_jaxpr_nounits, see _TANGENTS. There `check_transposable(**params)` may raise first, on
-    every rank alike, before any MPI call has run."""
+    pe.partial_eval_jaxpr_nounits, see _staging. There
+    `check_transposable(**params)` may raise first, on every rank alike,
+    before any MPI call has run."""
 
     def rule(trace, *tracers, **params):
         parent, linear = _staging_under.get()
-        inexact = any(jnp.issubdtype(t.aval.dtype, jnp.inexact) for t in tracers)
-        if parent is trace.parent_trace or (parent is _TANGENTS and tangents and inexact):
+        if parent is trace.parent_trace or (parent is _TANGENTS and tangents and any(map(_inexact, tracers))):
             if linear and check_transposable:
                 check_transposable(**params)
             if all(t.pval.is_known() for t in tracers):
@@ -363,7 +363,7 @@ def stage_tangent_calls_in_remat(primitive):
 
     def rule(saveable, unks_in, inst_in, eqn):
         n = len(eqn.outvars)
-        if any(unks_in) or any(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.invars):
+        if any(unks_in) or any(map(_inexact, eqn.invars)):
             residuals = [v for v, inst in zip(eqn.invars, inst_in, strict=True) if type(v) is _core.Var and not inst]
             return None, eqn, [True] * n, [True] * n, residuals
         return eqn, None, [False] * n, [False] * n, []
@@ -377,9 +377,14 @@ def _staged(trace, tracer, linear):
     a frozen ref would leave batched where vmap batches the refs of a
     loop's body, as jacfwd of a transpose does)."""
     staged = trace.instantiate_const(tracer)
-    if linear and jnp.issubdtype(staged.aval.dtype, jnp.inexact):
+    if linear and _inexact(staged):
         return jax.freeze(jax.new_ref(staged))
     return staged
+
+
+def _inexact(x):
+    """Whether a tracer or jaxpr variable holds floating-point values."""
+    return jnp.issubdtype(x.aval.dtype, jnp.inexact)
 
 
 def batched_if_vmapped(x):
