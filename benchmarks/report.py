@@ -351,5 +351,6 @@ stream, with the wait in between that a staged call makes before MPI reads: what
 least, MPI not counted. Times are microseconds per operation.
 
 {chr(10).join(lines)}
-"""
+
+{_extras(results)}"""
     (output / "README.md").write_text(text)

@@ -192,6 +192,10 @@ def stages(sizes, reps, calls, gpu):
     """(name, ranks, command) of every part of a run."""
     worker = [sys.executable, str(HERE / "worker.py")]
     loops = ["--reps", str(reps), "--sizes", *map(str, sizes)]
+    extras = [
+        ("dispatch", 1, lambda: [*worker, "dispatch"]),
+        ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
+    ]
     if gpu:  # the workers' arrays are on JAX's default device, the GPU
         # Each binding staged, then handing device pointers to MPI where the library can take them.
         aware = ["env", "MPIJAX_CUDA_AWARE=1", "MPI4JAX_USE_CUDA_MPI=1"]
@@ -203,11 +207,9 @@ def stages(sizes, reps, calls, gpu):
                 for mode, env in modes
                 for impl in ["mpijax", "mpi4jax"]
             ],
+            *extras,
         ]
-    return [
-        ("dispatch", 1, lambda: [*worker, "dispatch"]),
-        ("memory", 2, lambda: [*worker, "memory", "--calls", str(calls)]),
-    ]
+    return extras
 
 
 INTERLEAVED = ["raw", "mpijax", "check", "mpi4jax", "mpi4py", "jax"]

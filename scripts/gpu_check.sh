@@ -4,9 +4,12 @@
 #   build  builds mpijax with its CUDA handlers against the MPI that mpi4py uses;
 #   test   runs tests/test_gpu.py at 2 ranks sharing the GPU: every op, eager
 #          and jit, with jvp, vjp and vmap, against NumPy references, staged
-#          and (where the MPI library moves device memory) CUDA-aware; and the
-#          shallow-water example's test on the GPU (2 ranks against 1);
-#   bench  runs the GPU benchmarks (benchmarks/run.py --gpu) and the
+#          and (where the MPI library moves device memory) CUDA-aware; the
+#          order and dispatch tests (test_ordering.py, test_dispatch.py) with
+#          the programs on the GPU; and the shallow-water example's test on
+#          the GPU (2 ranks against 1);
+#   bench  runs the GPU benchmarks (benchmarks/run.py --gpu: bandwidth, and
+#          dispatch cost and memory with the calls on the GPU) and the
 #          shallow-water example at 2 ranks on the GPU (its steps per second).
 #   bash scripts/gpu_check.sh [OUTPUT_DIR [STEP...]]   (default build/gpu-check,
 #                                                       all three steps)
@@ -51,9 +54,10 @@ if [ -x "$gpu_venv/bin/python" ]; then
   pip=("$python" -m pip --python "$gpu_venv/bin/python")
   python=$gpu_venv/bin/python
 fi
-if wants build && [ -n "${MPIJAX_WHEELS:-}" ]; then
+wheels=("${MPIJAX_WHEELS:-/nonexistent}"/*.whl)
+if wants build && [ -e "${wheels[0]}" ]; then  # the folder may hold only source packages
   echo "== installing the wheels in $MPIJAX_WHEELS"
-  "${pip[@]}" install -q --no-index --no-deps "$MPIJAX_WHEELS"/*.whl || exit 1
+  "${pip[@]}" install -q --no-index --no-deps "${wheels[@]}" || exit 1
 fi
 prefix=$("$python" -c "import sys; print(sys.prefix)")
 export PATH="$prefix/bin:$PATH"
@@ -108,6 +112,9 @@ if wants test; then
   echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
   timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs tests/test_gpu.py \
     || failed=1
+  echo "== tests/test_ordering.py and tests/test_dispatch.py on 2 ranks, the programs on the GPU"
+  timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs \
+    tests/test_ordering.py tests/test_dispatch.py || failed=1
   echo "== tests/test_example_shallow_water.py on 2 ranks sharing the GPU (staged)"
   timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs \
     tests/test_example_shallow_water.py || failed=1

@@ -116,9 +116,19 @@ def test_many_queued_jitted_and_eager_calls_keep_program_order(comm, watchdog):
         np.testing.assert_array_equal(sums[i], total + SIZE * i)
 
 
-@pytest.mark.skipif(len(jax.local_devices()) < 2, reason="needs two local devices (test_launch.py makes them)")
+def two_devices():
+    """Two devices for programs to alternate between: two local ones
+    (test_launch.py makes them on the CPU) or, beside a GPU, the GPU and the
+    CPU (the seal takes one device; the other's programs keep JAX's token)."""
+    devices = jax.local_devices()
+    if len(devices) == 1 and devices[0].platform != "cpu":
+        devices += jax.local_devices(backend="cpu")
+    return devices[:2]
+
+
+@pytest.mark.skipif(len(two_devices()) < 2, reason="needs two devices (test_launch.py makes them)")
 def test_programs_on_two_devices_keep_program_order(comm, watchdog):
-    d0, d1 = jax.local_devices()[:2]
+    d0, d1 = two_devices()
     send = jax.jit(lambda x: mpijax.send(x, NEXT, comm=comm))
     recv = jax.jit(lambda x: mpijax.recv(x, PREV, comm=comm))
     received = []
@@ -132,9 +142,14 @@ def test_programs_on_two_devices_keep_program_order(comm, watchdog):
             received.append(recv(template))
             send(x)
     for i, y in enumerate(received):
+        assert y.devices() == {(d1, d0)[i % 2]}
         np.testing.assert_array_equal(y, np.asarray(big_vector(PREV)) + i)
-    # JAX refuses ordered effects in a program over several devices, on every rank alike.
-    spread = jax.device_put(jnp.ones(4), NamedSharding(Mesh([d0, d1], "x"), PartitionSpec("x")))
+
+
+@pytest.mark.skipif(len(jax.local_devices()) < 2, reason="needs two local devices (test_launch.py makes them)")
+def test_a_program_over_two_devices_is_refused_on_every_rank(comm):
+    """JAX refuses ordered effects in a program over several devices."""
+    spread = jax.device_put(jnp.ones(4), NamedSharding(Mesh(jax.local_devices()[:2], "x"), PartitionSpec("x")))
     with pytest.raises(ValueError, match="ordered effects"):
         jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm))(spread)
 
