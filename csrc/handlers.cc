@@ -23,7 +23,7 @@
 #include "run.h"
 #include "xla/ffi/api/ffi.h"
 
-#ifdef MPIJAX_CUDA
+#if defined(MPIJAX_CUDA) || defined(MPIJAX_CUDA_STAND_IN)
 #include "cuda_memory.h"
 #endif
 
@@ -35,7 +35,12 @@ namespace {
 // Platforms: what XLA hands a handler first (the binding's prefix), and the
 // memory policy made of it.
 struct Cpu {
+#ifdef MPIJAX_CUDA_STAND_IN
+  // A test build (CMakeLists.txt): every op's staged path runs on the host.
+  using Memory = CudaMemory;
+#else
   using Memory = HostMemory;
+#endif
   static auto Bind() { return ffi::Ffi::Bind(); }
   template <class Op>
   static auto Entry() {

@@ -5,6 +5,9 @@
 #   2. the tests that start their own mpirun (pytest -m launcher);
 #   3. the Python suite under mpirun at 1 rank with the oldest supported JAX
 #      (scripts/test_jax_versions.sh), then at 2 and 3 ranks with .venv's;
+#      and tests/test_gpu.py at 2 ranks on the CPU through the CUDA handlers'
+#      staged path, against a stand-in CUDA runtime (where the CUDA toolkit
+#      is: MPIJAX_CUDA=STAND_IN in CMakeLists.txt);
 #   4. the same with MPICH (ctest, launcher tests, then 2 ranks: MPICH polls
 #      busily, so more ranks than cores crawl, and its 1-rank run only repeated
 #      Open MPI's), in .venv-mpich;
@@ -68,6 +71,18 @@ MPIJAX_WHEEL=$(ls build/wheel.venv/mpijax-*.whl) \
 for n in 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
+stand_in_tests() {  # mpijax built with MPIJAX_CUDA=STAND_IN, in a venv on top of .venv's
+  local venv=build/stand-in
+  rm -rf "$venv" && "$python" -m venv --without-pip "$venv" \
+    && site_packages "$python" >"$(site_packages "$venv/bin/python")/base.pth" \
+    && CMAKE_ARGS=-DMPIJAX_CUDA=STAND_IN "$python" -m pip --python "$venv/bin/python" install -q --no-deps . \
+    && MPIJAX_GPU_TESTS_ON=cpu timeout 900 mpirun -n 2 "$venv/bin/python" -m pytest -q --color=no tests/test_gpu.py
+}
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  stage gpu-stand-in stand_in_tests
+else
+  echo "== gpu-stand-in: left out, no CUDA toolkit (its headers build the CUDA policy)"
+fi
 if [ "$mpich" != 0 ]; then
   mpich_python=.venv-mpich/bin/python
   ctest_stage ctest-mpich -DMPI_C_COMPILER="$(command -v mpicc.mpich)" -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)"

@@ -7,8 +7,9 @@ library moves device memory, CUDA-aware. Run by scripts/gpu_check.sh at 2
 ranks sharing one GPU; skipped where JAX sees none.
 
 MPIJAX_GPU_TESTS_ON=cpu runs the module on the CPU device instead, through the
-CPU handlers (nothing is staged; CUDA-aware needs a GPU), for checking the tests
-themselves where no GPU is."""
+CPU handlers (CUDA-aware needs a GPU), for checking the tests themselves where
+no GPU is; scripts/test.sh runs it so against a build whose CPU handlers take
+the CUDA policy, staged, with a stand-in CUDA runtime (MPIJAX_CUDA=STAND_IN)."""
 
 import math
 import os
