@@ -47,4 +47,8 @@ inline bool PointToPoint(const CallInfo& call) {
   return call.dest != kUnset || call.source != kUnset;
 }
 
+// Every rank of the communicator makes the call (check mode agrees on it);
+// not the calls that post messages to several peers at once.
+inline bool Collective(const CallInfo& call) { return call.checked && !PointToPoint(call); }
+
 }  // namespace mpijax

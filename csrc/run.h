@@ -46,7 +46,10 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
         "mpijax." + std::string(info.op) + ": " + std::to_string(info.num_counts) +
         " counts for a communicator of " + std::to_string(comm.size) + " ranks");
   }
-  Memory memory(context, host_access(comm));
+  // With the watchdog on, collectives run in their nonblocking forms, whose
+  // device buffers Open MPI's CUDA support does not take (it covers blocking
+  // collectives only, and libnbc reduces on the host): staged then.
+  Memory memory(context, host_access(comm) || (Collective(info) && mpi::Timeout() > 0));
   route(memory);
   InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();

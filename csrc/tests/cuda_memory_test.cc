@@ -1,7 +1,8 @@
 // The CUDA memory policy's logic, against the stand-in runtime of
 // fake_cudart.h: what is copied which way, when the arena is reused, what MPI
-// is shown after a CUDA error. Whether real copies order correctly on XLA's
-// stream is for tests/test_gpu.py on a GPU.
+// is shown after a CUDA error, which calls Run stages in CUDA-aware mode.
+// Whether real copies order correctly on XLA's stream is for
+// tests/test_gpu.py on a GPU.
 #include "cuda_memory.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 
 #include "fake_cudart.h"
 #include "memory.h"
+#include "registry.h"
+#include "run.h"
 
 namespace mpijax {
 namespace {
@@ -149,6 +152,38 @@ TEST_F(CudaMemoryTest, CudaAwareShowsDeviceMemoryUnlessTheCallNeedsTheHost) {
     EXPECT_NE(m.In(xb), x.data().data()) << "host access: staged";
     m.Finish();
   }
+}
+
+// Run (run.h) makes the policy: a CUDA-aware collective is staged while the
+// watchdog is on, point-to-point calls still hand MPI device memory.
+TEST_F(CudaMemoryTest, CudaAwareCollectivesAreStagedUnderTheWatchdog) {
+  SetCudaAware(true);
+  DeviceBuffer x(3);
+  auto xb = x.buffer();
+  const int64_t world = RegisterComm(MPI_COMM_WORLD);
+  auto device_memory_shown = [&](CallInfo info) {
+    bool device = false;
+    const xla::ffi::Error error = mpijax::Run<CudaMemory>(Stream(), info, world, kNoHostAccess,
+                                                          [&](const Comm&, CudaMemory& m) {
+                                                            device = m.In(xb) == x.data().data();
+                                                            return MPI_SUCCESS;
+                                                          });
+    EXPECT_TRUE(error.success()) << info.op;
+    return device;
+  };
+  CallInfo allreduce, send, neighbors;
+  allreduce.op = "allreduce";
+  send.op = "send";
+  send.dest = 0;
+  neighbors.op = "neighbor_exchange";
+  neighbors.checked = false;
+  for (double timeout : {0.0, 60.0}) {
+    mpi::SetTimeout(timeout);
+    EXPECT_EQ(device_memory_shown(allreduce), timeout == 0) << "timeout " << timeout;
+    EXPECT_TRUE(device_memory_shown(send)) << "timeout " << timeout;
+    EXPECT_TRUE(device_memory_shown(neighbors)) << "timeout " << timeout;
+  }
+  mpi::SetTimeout(0);
 }
 
 TEST_F(CudaMemoryTest, AfterACudaErrorMpiSeesHostScratchAndNothingGoesBack) {
