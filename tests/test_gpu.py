@@ -238,6 +238,18 @@ def test_large_messages(comm, memory, mode, nbytes, dtype, name):
     check(comm, mode, name, dtype, row=(nbytes // np_dtype(dtype).itemsize // blocks,))
 
 
+@pytest.mark.parametrize("name", SPECS)
+def test_every_op_under_the_watchdog(comm, memory, name):
+    """With a timeout, every call runs MPI's nonblocking form: collectives
+    then go through host memory also in CUDA-aware mode, since Open MPI's
+    CUDA support takes device buffers in blocking collectives only."""
+    mpijax.set_timeout(60)
+    try:
+        check(comm, "jit", name, "float32", row=(3, 2))
+    finally:
+        mpijax.set_timeout(None)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_barrier(comm, memory, mode):
     """A barrier between device computations, returning nothing."""
