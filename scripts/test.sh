@@ -7,7 +7,9 @@
 #      (scripts/test_jax_versions.sh), then at 2 and 3 ranks with .venv's;
 #      and tests/test_gpu.py at 2 ranks on the CPU through the CUDA handlers'
 #      staged path, against a stand-in CUDA runtime (where the CUDA toolkit
-#      is: MPIJAX_CUDA=STAND_IN in CMakeLists.txt);
+#      is: MPIJAX_CUDA=STAND_IN in CMakeLists.txt); then mpi4jax's own test
+#      suites of 0.9.1 and 0.6.1 (the token API) at 2 ranks, with
+#      `import mpi4jax` resolving to mpijax (scripts/mpi4jax_suite.sh);
 #   4. the same with MPICH (ctest, launcher tests, then 2 ranks: MPICH polls
 #      busily, so more ranks than cores crawl, and its 1-rank run only repeated
 #      Open MPI's), in .venv-mpich;
@@ -83,6 +85,7 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
 else
   echo "== gpu-stand-in: left out, no CUDA toolkit (its headers build the CUDA policy)"
 fi
+stage mpi4jax-suites bash scripts/mpi4jax_suite.sh 0.9.1 0.6.1
 if [ "$mpich" != 0 ]; then
   mpich_python=.venv-mpich/bin/python
   ctest_stage ctest-mpich -DMPI_C_COMPILER="$(command -v mpicc.mpich)" -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)"
