@@ -132,6 +132,73 @@ def test_order_and_dispatch_tests_in_other_runtimes(env):
     assert re.search(r"\d+ passed", result.stdout), result.stdout[-2000:]
 
 
+def test_mpijax_in_a_program_that_initialises_jax_distributed(tmp_path):
+    """A program that also runs JAX's multi-process runtime (gloo, one CPU
+    device per process, every process seeing all of them): MPI calls on the
+    process's own arrays give NumPy's results, eager, jitted and under jvp,
+    and keep the fast path; a jitted MPI call on an array sharded over the
+    processes is refused on every rank, as on several local devices."""
+    result = mpirun(
+        tmp_path,
+        """
+        import socket
+        import jax
+        import numpy as np
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank, size = comm.Get_rank(), comm.Get_size()
+        port = None
+        if rank == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(f"127.0.0.1:{comm.bcast(port)}", num_processes=size, process_id=rank)
+        import jax.numpy as jnp
+        from jax._src.interpreters import pxla
+        from jax.sharding import NamedSharding, PartitionSpec
+        import mpijax
+
+        assert len(jax.devices()) == size and len(jax.local_devices()) == 1
+        xs = [np.arange(5.0) * (r + 1) + r for r in range(size)]
+        x = jnp.asarray(xs[rank])
+        prev, next = (rank - 1) % size, (rank + 1) % size
+        np.testing.assert_array_equal(mpijax.allreduce(x, MPI.SUM), sum(xs))
+        step = jax.jit(lambda x: (mpijax.allreduce(x, MPI.MAX), mpijax.sendrecv(x, x, prev, next)))
+        top, left = step(x)
+        np.testing.assert_array_equal(top, np.max(xs, axis=0))
+        np.testing.assert_array_equal(left, xs[prev])
+        _, tangent = jax.jvp(lambda x: mpijax.allreduce(x, MPI.SUM), (x,), (jnp.full(5, rank + 1.0),))
+        np.testing.assert_array_equal(tangent, np.full(5, size * (size + 1) / 2))
+
+        python_path = [0]
+        execute = pxla.ExecuteReplicated.__call__
+        def counted(self, *args):
+            python_path[0] += 1
+            return execute(self, *args)
+        pxla.ExecuteReplicated.__call__ = counted
+        for _ in range(3):
+            jax.block_until_ready(step(x))
+        assert python_path[0] == 0, python_path
+
+        mesh = jax.make_mesh((size,), ("p",))
+        spread = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("p")), xs[rank])
+        try:
+            jax.jit(lambda a: mpijax.allreduce(a, MPI.SUM))(spread)
+            raise AssertionError("an MPI call on an array over several processes' devices ran")
+        except ValueError as e:
+            assert "ordered effects" in str(e), e
+        mpijax.wait()
+        jax.distributed.shutdown()
+        print(f"rank {rank} ok", flush=True)
+        """,
+        n=3,
+        env={"MPIJAX_TIMEOUT": "60"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert sorted(re.findall(r"rank (\d) ok", result.stdout)) == ["0", "1", "2"], result.stdout
+
+
 @pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])
 def test_debug_environment_variable(tmp_path, variable):
     program = """
