@@ -148,10 +148,14 @@ def test_programs_on_two_devices_keep_program_order(comm, watchdog):
 
 @pytest.mark.skipif(len(jax.local_devices()) < 2, reason="needs two local devices (test_launch.py makes them)")
 def test_a_program_over_two_devices_is_refused_on_every_rank(comm):
-    """JAX refuses ordered effects in a program over several devices."""
+    """A process makes its MPI calls from one device's program: one over
+    several devices is refused, naming its MPI calls, jitted or eager."""
     spread = jax.device_put(jnp.ones(4), NamedSharding(Mesh(jax.local_devices()[:2], "x"), PartitionSpec("x")))
-    with pytest.raises(ValueError, match="ordered effects"):
-        jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm))(spread)
+    refused = r"MPI calls \({}\) would run on 2 devices, over which its arrays are sharded"
+    with pytest.raises(ValueError, match=refused.format("allreduce, sendrecv")):
+        jax.jit(lambda x: mpijax.sendrecv(x, mpijax.allreduce(x, MPI.SUM, comm=comm), PREV, NEXT, comm=comm))(spread)
+    with pytest.raises(ValueError, match=refused.format("bcast")):
+        mpijax.bcast(spread, 0, comm=comm)
 
 
 def test_calls_in_one_module_run_one_at_a_time_in_program_order(comm, capfd):

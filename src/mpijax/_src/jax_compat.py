@@ -185,27 +185,30 @@ def _sealed(closed, effect):
     return ClosedJaxpr(jaxpr, ())
 
 
-# Functions called with every program JAX lowers at the top level (where
-# seal_at_top_level hooks in), before it is lowered: they raise to refuse it.
+# Functions called as check(closed_jaxpr, num_devices) with every program JAX
+# lowers at the top level (where seal_at_top_level hooks in), before it is
+# lowered: they raise to refuse it.
 program_checks = []
 
 
-def unused_results(closed_jaxpr, primitives):
-    """The equations of any of `primitives`, anywhere in the program (nested
-    jit, loops, cond, ...), none of whose results is used where they are
-    made."""
-    found = []
+def jaxprs(closed_jaxpr):
+    """The program's jaxpr and every jaxpr nested in it (nested jit, loops,
+    cond, ...)."""
+    pending = [closed_jaxpr.jaxpr]
+    while pending:
+        jaxpr = pending.pop()
+        yield jaxpr
+        pending.extend(sub for eqn in jaxpr.eqns for sub in _core.jaxprs_in_params(eqn.params))
 
-    def walk(jaxpr):
+
+def unused_results(closed_jaxpr, primitives):
+    """The equations of any of `primitives`, anywhere in the program, none of
+    whose results is used where they are made."""
+    found = []
+    for jaxpr in jaxprs(closed_jaxpr):
         used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _core.Var)}
         used |= {v for v in jaxpr.outvars if isinstance(v, _core.Var)}
-        for eqn in jaxpr.eqns:
-            if eqn.primitive in primitives and not any(v in used for v in eqn.outvars):
-                found.append(eqn)
-            for sub in _core.jaxprs_in_params(eqn.params):
-                walk(sub)
-
-    walk(closed_jaxpr.jaxpr)
+        found += [e for e in jaxpr.eqns if e.primitive in primitives and not any(v in used for v in e.outvars)]
     return found
 
 
@@ -227,9 +230,9 @@ def seal_at_top_level(effect):
 
     @_util.weakref_lru_cache
     def lowering(closed_jaxpr, *args, **kwargs):
-        for check in program_checks:
-            check(closed_jaxpr)
         given = signature.bind(closed_jaxpr, *args, **kwargs).arguments
+        for check in program_checks:
+            check(closed_jaxpr, given["num_devices"])
         if effect in closed_jaxpr.effects and seal.may_seal(given["backend"], given["num_devices"], given["platforms"]):
             closed_jaxpr = _sealed(closed_jaxpr, effect)
         return lower(closed_jaxpr, *args, **kwargs)

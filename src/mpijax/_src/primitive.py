@@ -32,6 +32,27 @@ jax_compat.aot_calls_thread_runtime_tokens()
 seal = jax_compat.seal_at_top_level(mpi_effect)
 
 
+def _one_device_per_program(closed_jaxpr, num_devices):
+    """Each process makes its MPI calls once, from one device's program; JAX
+    would refuse a program over several devices too, naming only the effect."""
+    if num_devices > 1 and mpi_effect in closed_jaxpr.effects:
+        ops = {
+            e.primitive.name.removeprefix("mpijax_")
+            for jaxpr in jax_compat.jaxprs(closed_jaxpr)
+            for e in jaxpr.eqns
+            if e.primitive.name.startswith("mpijax_") and mpi_effect in e.effects
+        }
+        raise ValueError(
+            f"mpijax: this program's MPI calls ({', '.join(sorted(ops))}) would run on {num_devices} devices, "
+            "over which its arrays are sharded; a process makes its MPI calls on one device: pass arrays that live "
+            "on one device (jax.device_put(x, device); a process's own part of a global array is "
+            "x.addressable_data(0))"
+        )
+
+
+jax_compat.program_checks.append(_one_device_per_program)
+
+
 def drain():
     """Block until every MPI call dispatched so far, from any thread, has run
     (mpijax.wait() with no requests; jax.effects_barrier() does the same)."""

@@ -435,7 +435,7 @@ batching.primitive_batchers[tie_p] = lambda args, dims, **params: (
 )
 
 
-def _every_request_is_used(closed_jaxpr):
+def _every_request_is_used(closed_jaxpr, num_devices):
     """A request dropped where it is started would never be waited for: its
     messages would stay pending, and a send might keep its receiver, or
     MPI_Finalize, waiting."""
