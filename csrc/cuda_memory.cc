@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "log.h"
+
 namespace mpijax {
 namespace {
 
@@ -98,6 +100,7 @@ CudaMemory::CudaMemory(cudaStream_t stream, bool host_access)
   // wait for them (and an input's copy is waited for before MPI reads it);
   // MPI moving device memory itself must wait here.
   if (!staged_) {
+    CountDevicePointerCall();
     Check(cudaStreamSynchronize(stream_), "synchronising XLA's stream");
     return;
   }

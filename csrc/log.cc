@@ -17,7 +17,7 @@ bool EnvFlag(const char* name) {
 }
 
 std::atomic<bool> enabled{EnvFlag("MPIJAX_DEBUG") || EnvFlag("MPI4JAX_DEBUG")};
-std::atomic<int64_t> calls{0}, in_flight{0}, max_in_flight{0};
+std::atomic<int64_t> calls{0}, in_flight{0}, max_in_flight{0}, device_pointer_calls{0};
 
 void Append(std::string& line, const char* key, int value) {
   if (value == kUnset) return;
@@ -49,12 +49,17 @@ void LogCall(const CallInfo& call, int rank, double seconds, int error_code) {
   std::fputs(line.c_str(), stderr);
 }
 
-CallStats Stats() { return {calls.load(), in_flight.load(), max_in_flight.load()}; }
+CallStats Stats() {
+  return {calls.load(), in_flight.load(), max_in_flight.load(), device_pointer_calls.load()};
+}
 
 void ResetStats() {
   calls = 0;
   max_in_flight = in_flight.load();
+  device_pointer_calls = 0;
 }
+
+void CountDevicePointerCall() { device_pointer_calls.fetch_add(1, std::memory_order_relaxed); }
 
 InFlight::InFlight() {
   calls.fetch_add(1, std::memory_order_relaxed);

@@ -13,14 +13,18 @@ void LogCall(const CallInfo& call, int rank, double seconds, int error_code);
 
 // Counts of handler calls, always on (two atomic updates a call): the token
 // chain must keep at most one MPI call in flight per process, and
-// max_in_flight shows whether it did.
+// max_in_flight shows whether it did. device_pointer_calls counts the calls
+// that handed MPI device memory (CUDA-aware mode), which shows that the mode
+// took effect rather than staging.
 struct CallStats {
   int64_t calls = 0;
   int64_t in_flight = 0;
   int64_t max_in_flight = 0;
+  int64_t device_pointer_calls = 0;
 };
 CallStats Stats();
-void ResetStats();  // zeroes calls and max_in_flight
+void ResetStats();  // zeroes calls, max_in_flight and device_pointer_calls
+void CountDevicePointerCall();
 
 // Marks one handler call in flight for its lifetime.
 class InFlight {

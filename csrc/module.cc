@@ -170,6 +170,7 @@ NB_MODULE(_core, m) {
     d["calls"] = s.calls;
     d["in_flight"] = s.in_flight;
     d["max_in_flight"] = s.max_in_flight;
+    d["device_pointer_calls"] = s.device_pointer_calls;
     return d;
   });
   m.def("reset_stats", &ResetStats);

@@ -110,13 +110,13 @@ fi
 failed=0
 if wants test; then
   echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
-  timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs tests/test_gpu.py \
+  timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs tests/test_gpu.py \
     || failed=1
   echo "== tests/test_ordering.py and tests/test_dispatch.py on 2 ranks, the programs on the GPU"
   timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs \
     tests/test_ordering.py tests/test_dispatch.py || failed=1
   echo "== tests/test_example_shallow_water.py on 2 ranks sharing the GPU (staged)"
-  timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -o timeout=300 -rs \
+  timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs \
     tests/test_example_shallow_water.py || failed=1
 fi
 if wants bench; then

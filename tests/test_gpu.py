@@ -52,8 +52,6 @@ except RuntimeError:
         allow_module_level=True,
     )
 
-# A derivative that waits for a message that never comes fails, not hangs.
-pytestmark = pytest.mark.usefixtures("watchdog")
 gpu_only = pytest.mark.skipif(PLATFORM != "gpu", reason="MPIJAX_GPU_TESTS_ON=cpu: needs a GPU")
 NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
 ROOT = SIZE - 1  # not 0 where there are two ranks: MPICH's reduce feeds such a root from a copy
@@ -62,14 +60,22 @@ CART = MPI.COMM_WORLD.Create_cart([SIZE], periods=[True])  # ranks as in COMM_WO
 
 @pytest.fixture(params=["staged", "cuda-aware"] if PLATFORM == "gpu" else ["staged"])
 def memory(request):
-    """Both memory policies of the CUDA handlers."""
+    """Both memory policies of the CUDA handlers. Staged, the watchdog is on,
+    so that a call (or a derivative) that waits for a message that never
+    comes fails instead of hanging. CUDA-aware, it is off: under it the
+    collectives would be staged (test_every_op_under_the_watchdog), and MPI
+    must get device memory; pytest-timeout ends a hang there."""
     if request.param == "cuda-aware":
         # Only where the library says yes: one that cannot tell (-1) might crash the whole run.
         if core.cuda_aware_mpi() != 1:
             pytest.skip(f"{MPI.Get_library_version().splitlines()[0]} does not say it can move device memory")
         mpijax.set_cuda_aware(True)
+    else:
+        mpijax.set_timeout(60)
     yield request.param
+    mpijax.wait()  # the test's calls (x returned off the root may leave some queued) run in its mode
     mpijax.set_cuda_aware(False)
+    mpijax.set_timeout(None)
 
 
 def run(f, *args):
@@ -203,19 +209,25 @@ def assert_same(actual, expected):
         assert_equal(actual, expected)
 
 
-def check(comm, mode, name, dtype, row):
+def check(comm, mode, name, dtype, row, memory="staged"):
+    """The op's result against NumPy's; in CUDA-aware mode, also that MPI
+    got device memory (halo_exchange stages its data in either mode)."""
     spec = SPECS[name]
     xs = [data(spec.shape(r, row), dtype, r) for r in range(SIZE)]
     mpi_op, np_op = reduction(dtype)
     want, mine = spec.want(xs, np_op), xs[RANK]
     del xs  # the other ranks' inputs: host memory, with 256 MiB each
+    before = mpijax.call_stats()["device_pointer_calls"]
     jax.tree.map(assert_same, run(MODES[mode](lambda x: spec.call(x, comm, mpi_op)), mine), want)
+    mpijax.wait()  # off the root, reduce, gather and gatherv return x before they have run
+    if memory == "cuda-aware" and name != "halo_exchange":
+        assert mpijax.call_stats()["device_pointer_calls"] > before, f"{name} staged its data in CUDA-aware mode"
 
 
 @checkerboard(name=list(SPECS), dtype=DTYPES)
 def test_every_op_and_dtype(comm, memory, mode, name, dtype):
     """Each op over every dtype, each op and each dtype both eager and jitted."""
-    check(comm, mode, name, dtype, row=(3, 2))
+    check(comm, mode, name, dtype, row=(3, 2), memory=memory)
 
 
 @checkerboard(name=list(SPECS), row=[(), (0,)])
@@ -235,7 +247,7 @@ def test_large_messages(comm, memory, mode, nbytes, dtype, name):
     at 256 MiB the pinned staging memory also grows far past what the other
     tests left it."""
     blocks = math.prod(SPECS[name].shape(RANK, (1,)))  # the same on every rank for these ops
-    check(comm, mode, name, dtype, row=(nbytes // np_dtype(dtype).itemsize // blocks,))
+    check(comm, mode, name, dtype, row=(nbytes // np_dtype(dtype).itemsize // blocks,), memory=memory)
 
 
 @pytest.mark.parametrize("name", SPECS)

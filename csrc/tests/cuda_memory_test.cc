@@ -140,6 +140,7 @@ TEST_F(CudaMemoryTest, CudaAwareShowsDeviceMemoryUnlessTheCallNeedsTheHost) {
   SetCudaAware(true);
   DeviceBuffer x(3);
   auto xb = x.buffer();
+  ResetStats();
   {
     CudaMemory m(Stream(), false);
     EXPECT_EQ(m.In(xb), x.data().data());
@@ -147,11 +148,13 @@ TEST_F(CudaMemoryTest, CudaAwareShowsDeviceMemoryUnlessTheCallNeedsTheHost) {
   }
   EXPECT_EQ(fake_cudart::counts().to_host + fake_cudart::counts().to_device, 0);
   EXPECT_EQ(fake_cudart::counts().stream_syncs, 1) << "XLA's stream, before MPI reads";
+  EXPECT_EQ(Stats().device_pointer_calls, 1);
   {
     CudaMemory m(Stream(), true);
     EXPECT_NE(m.In(xb), x.data().data()) << "host access: staged";
     m.Finish();
   }
+  EXPECT_EQ(Stats().device_pointer_calls, 1) << "a staged call is not counted";
 }
 
 // Run (run.h) makes the policy: a CUDA-aware collective is staged while the

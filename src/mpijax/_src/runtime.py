@@ -98,9 +98,10 @@ def set_timeout(seconds):
 
 def call_stats(*, reset=False):
     """Counts of MPI calls made by this process's handlers: `calls`,
-    `in_flight` (now) and `max_in_flight` (the most at once, which program
-    order keeps at 1). `reset=True` zeroes calls and max_in_flight after
-    reading them."""
+    `in_flight` (now), `max_in_flight` (the most at once, which program
+    order keeps at 1) and `device_pointer_calls` (those that handed MPI
+    device memory: CUDA-aware mode; 0 on the CPU). `reset=True` zeroes all
+    but in_flight after reading them."""
     stats = core.stats()
     if reset:
         core.reset_stats()
