@@ -56,8 +56,10 @@ LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")
 
 def fresh_job_env():
     """This process's environment minus mpirun's variables (root's
-    permission to run Open MPI stays)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or "ALLOW_RUN_AS_ROOT" in k}
+    permission to run Open MPI stays, and so does OPAL_PREFIX, where an Open
+    MPI that was moved after its build finds its files)."""
+    kept = ("ALLOW_RUN_AS_ROOT", "OPAL_PREFIX")
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or any(s in k for s in kept)}
 
 
 def np_dtype(name):

@@ -120,9 +120,9 @@ def two_devices():
     """Two devices for programs to alternate between: two local ones
     (test_launch.py makes them on the CPU) or, beside a GPU, the GPU and the
     CPU (the seal takes one device; the other's programs keep JAX's token)."""
-    devices = jax.local_devices()
+    devices = jax.local_devices()  # JAX's own list: not to be changed
     if len(devices) == 1 and devices[0].platform != "cpu":
-        devices += jax.local_devices(backend="cpu")
+        return [devices[0], jax.local_devices(backend="cpu")[0]]
     return devices[:2]
 
 
