@@ -293,6 +293,38 @@ def test_watchdog_lets_calls_that_complete_through(comm, timeout):
     assert_equal(f(x), np.sum(all_data((1000,), "float64"), axis=0))
 
 
+@needs_two
+def test_set_timeout_leaves_queued_calls_the_setting_they_were_dispatched_under(comm):
+    """The second receive is queued behind the first, and its message comes
+    2 s later: run under the 0.5 s timeout set meanwhile, it would time out
+    (and a queued collective could run its nonblocking form against the
+    other ranks' blocking one, which MPI never matches)."""
+    x = jnp.zeros(3)
+    if RANK == 0:
+        # XLA:CPU runs a cheap program in the dispatching thread; a matrix
+        # product makes this one run behind the dispatch, as larger ones do.
+        m = jnp.ones((256, 256))
+
+        def receive_two(x, m):
+            return mpijax.recv(x, 1, tag=1, comm=comm), mpijax.recv(x, 1, tag=2, comm=comm), m @ m
+
+        f = jax.jit(receive_two).lower(x, m).compile()
+        previous = core.timeout()  # what the other ranks keep
+        received = f(x, m)
+        start = time.perf_counter()
+        mpijax.set_timeout(0.5)
+        try:
+            assert time.perf_counter() - start > 1.0, "set_timeout returned before the queued receives ran"
+            assert_equal(received[1], np.full(3, 2.0))
+        finally:
+            mpijax.set_timeout(previous)
+    elif RANK == 1:
+        mpijax.send(x + 1, 0, tag=1, comm=comm)
+        time.sleep(2.0)
+        mpijax.send(x + 2, 0, tag=2, comm=comm)
+    mpijax.wait()
+
+
 # One call in flight ----------------------------------------------------------
 
 

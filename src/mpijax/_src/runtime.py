@@ -86,13 +86,19 @@ def set_check(enabled=True):
 def set_timeout(seconds):
     """The watchdog: an MPI call that waits longer than `seconds` raises,
     naming the op, the rank and whom it waits for. None or 0 waits forever.
-    Takes effect at once, also for compiled functions. Set it alike on every
-    rank: with a timeout the nonblocking forms of the collectives run, and
-    MPI never matches a blocking collective with a nonblocking one. Same as
+    Takes effect for every call dispatched after it, also in compiled
+    functions; it first waits until the calls dispatched before it have run
+    (mpijax.wait()). Set it alike on every rank: with a timeout the
+    nonblocking forms of the collectives run, and MPI never matches a
+    blocking collective with a nonblocking one. Same as
     MPIJAX_TIMEOUT=seconds."""
     seconds = 0.0 if seconds is None else float(seconds)
     if not seconds >= 0:
         raise ValueError(f"mpijax.set_timeout: seconds must be >= 0 or None, got {seconds}")
+    # A queued call reads the setting when it runs: were it changed under
+    # it, one rank could run a collective's blocking form against another
+    # rank's nonblocking one (which MPI never matches), and hang.
+    jax.effects_barrier()
     core.set_timeout(seconds)
 
 
