@@ -48,3 +48,16 @@ def test_the_split_run_equals_the_run_on_one_rank(comm):
     # Energy: the viscosity and the scheme's own damping only take some away
     # (0.13 % in these steps).
     assert 0 < first[0] - last[0] < 1e-2 * first[0]
+
+
+def test_the_example_compiles_its_own_time_loop(comm):
+    """The loop the example compiles by default (float32, its grid, a quarter
+    day per chunk), compiled as it does: on a GPU, XLA's fusion passes see
+    other sizes than the small float64 run above (on an H200 the example
+    stopped in them while this module's other test passed)."""
+    cfg = sw.Config()
+    cart, rows, cols = sw.decompose(comm, cfg.n)
+    state = sw.initial_state(cfg, rows, cols)
+    steps = round(0.25 * sw.DAY / cfg.dt)
+    jax.jit(lambda s: sw.simulate(s, steps, cfg, sw.mpijax_comms(cart))).lower(state).compile()
+    cart.Free()
