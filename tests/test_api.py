@@ -134,6 +134,43 @@ def test_cuda_support_is_what_the_build_has():
     assert all("!stablehlo.token" in text for _ in calls)
 
 
+def test_the_cuda_lowering_puts_barriers_between_the_calls_and_the_slices_around_them():
+    """XLA:GPU's dynamic-slice fusion folds a custom call together with the
+    slices that feed it, or the slice updates its results feed, into one
+    fusion, token and all, which aborted compiling on an H200 (JAX 0.11.2):
+    on CUDA every array in or out of an MPI call passes an optimization
+    barrier (checked without a GPU; tests/test_gpu.py compiles such a loop)."""
+    if not mpijax.has_cuda_support():
+        pytest.skip("a CPU-only build: CMake found no CUDA toolkit")
+
+    def step(_, x):
+        ghosts = mpijax.neighbor_exchange([x[-2:-1], x[1:2]], [PREV, NEXT], [NEXT, PREV])
+        x = x.at[:1].set(ghosts[0]).at[-1:].set(ghosts[1])
+        return x.at[2].set(mpijax.allreduce(x[2], MPI.SUM))
+
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, 2, step, x))
+    module = f.trace(jnp.ones((6, 8))).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+
+    def ops(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    yield inner.operation
+                    yield from ops(inner.operation)
+
+    def arrays(values):
+        return [v for v in values if str(v.type) != "!stablehlo.token"]
+
+    calls = [op for op in ops(module.operation) if op.name == "stablehlo.custom_call"]
+    assert sorted(str(call.attributes["call_target_name"]) for call in calls) == [
+        '"mpijax_allreduce"',
+        '"mpijax_neighbor_exchange"',
+    ]
+    for call in calls:
+        assert all(v.owner.name == "stablehlo.optimization_barrier" for v in arrays(call.operands)), call
+        assert all(use.owner.name == "stablehlo.optimization_barrier" for v in arrays(call.results) for use in v.uses)
+
+
 def test_cuda_aware_mode_needs_an_mpi_that_moves_device_memory():
     if not mpijax.has_cuda_support():
         with pytest.raises(RuntimeError, match="no CUDA handlers"):

@@ -54,7 +54,8 @@ def test_the_example_compiles_its_own_time_loop(comm):
     """The loop the example compiles by default (float32, its grid, a quarter
     day per chunk), compiled as it does: on a GPU, XLA's fusion passes see
     other sizes than the small float64 run above (on an H200 the example
-    stopped in them while this module's other test passed)."""
+    stopped in them while this module's other test passed, until the calls
+    got their barriers: docs/gpu.md, "XLA's dynamic-slice fusion")."""
     size = comm.Get_size()
     cfg = sw.Config(n=sw.Config().n // size * size)  # one that splits over these ranks
     cart, rows, cols = sw.decompose(comm, cfg.n)

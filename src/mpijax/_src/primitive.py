@@ -167,8 +167,15 @@ def mpi_primitive(
     prim.aligned = aligned
     prim.check_transposable = check_transposable or (lambda **params: None)
 
-    def lower(ctx, *operands, **params):
+    def lower(ctx, *operands, shield, **params):
         token = ctx.tokens_in.get(mpi_effect)
+        # XLA:GPU's dynamic-slice fusion (JAX 0.11) folds the slices that
+        # feed a custom call, and the updates of slices with its results,
+        # into a fusion around it, token and all, which its priority fusion
+        # cannot cost: a CHECK failure aborts the process. Barriers on both
+        # sides keep them apart.
+        shielded = _behind_barrier if shield else list
+        operands = shielded(operands)
         rule = jax.ffi.ffi_lowering(
             f"mpijax_{name}",
             has_side_effect=True,
@@ -181,7 +188,7 @@ def mpi_primitive(
         attrs = {k: _attribute(v) for k, v in params.items() if attributes is None or k in attributes}
         *results, token = rule(with_token, *operands, token, **attrs)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({mpi_effect: token})))
-        return results
+        return shielded(results)
 
     for p in prim.with_twin():
         p.check_transposable = prim.check_transposable
@@ -189,11 +196,16 @@ def mpi_primitive(
         p.def_impl(partial(jax_compat.apply_primitive, p))
         p.def_effectful_abstract_eval(lambda *avals, **params: (outputs(*avals, **params), {mpi_effect}))
         for platform in FFI_TARGETS:
-            mlir.register_lowering(p, lower, platform=platform.lower())
+            mlir.register_lowering(p, partial(lower, shield=platform == "CUDA"), platform=platform.lower())
         jax_compat.stage_mpi_calls(p, prim.check_transposable, tangents=p is prim)
     jax_compat.stage_tangent_calls_in_remat(prim)
     _define_rules(prim, jvp, transpose, batch)
     return prim
+
+
+def _behind_barrier(values):
+    """values, passed through an optimization barrier (where there are any)."""
+    return list(hlo.OptimizationBarrierOp(values).results) if values else list(values)
 
 
 def _attribute(value):
