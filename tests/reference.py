@@ -57,9 +57,13 @@ LAUNCHER_VARS = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "HYDRA_", "MPIR_")
 def fresh_job_env():
     """This process's environment minus mpirun's variables (root's
     permission to run Open MPI stays, and so does OPAL_PREFIX, where an Open
-    MPI that was moved after its build finds its files)."""
+    MPI that was moved after its build finds its files). A process started
+    without mpirun is a job of its own, whose daemon Open MPI 4 launches
+    through ssh or rsh unless told that the job stays on this machine
+    (containers may have neither: the GPU machine had none)."""
     kept = ("ALLOW_RUN_AS_ROOT", "OPAL_PREFIX")
-    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or any(s in k for s in kept)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS) or any(s in k for s in kept)}
+    return env | {"OMPI_MCA_plm": "isolated"}
 
 
 def np_dtype(name):
