@@ -109,15 +109,15 @@ fi
 
 failed=0
 if wants test; then
+  # --capture=sys: where XLA or MPI aborts a rank, its message reaches the log
+  # (pytest's capture of the file descriptors dies with the process).
+  pytest=("$python" -m pytest -q --color=no -p no:cacheprovider -rs --capture=sys)
   echo "== tests/test_gpu.py on 2 ranks sharing the GPU"
-  timeout 1800 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs tests/test_gpu.py \
-    || failed=1
+  timeout 1800 mpirun -n 2 "${pytest[@]}" tests/test_gpu.py || failed=1
   echo "== tests/test_ordering.py and tests/test_dispatch.py on 2 ranks, the programs on the GPU"
-  timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs \
-    tests/test_ordering.py tests/test_dispatch.py || failed=1
+  timeout 600 mpirun -n 2 "${pytest[@]}" tests/test_ordering.py tests/test_dispatch.py || failed=1
   echo "== tests/test_example_shallow_water.py on 2 ranks sharing the GPU (staged)"
-  timeout 600 mpirun -n 2 "$python" -m pytest -q --color=no -p no:cacheprovider -rs \
-    tests/test_example_shallow_water.py || failed=1
+  timeout 600 mpirun -n 2 "${pytest[@]}" tests/test_example_shallow_water.py || failed=1
 fi
 if wants bench; then
   echo "== GPU benchmarks"
