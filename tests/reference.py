@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+import mpijax
+
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()
 
@@ -48,6 +50,24 @@ def checkerboard(keep=1, **axes):
         cases.append((list(MODES)[sum(index) // keep % 2], *flat))
     label = lambda v: ("x".join(map(str, v)) or "scalar") if isinstance(v, tuple) else str(v)  # noqa: E731
     return pytest.mark.parametrize(",".join(["mode", *axes]), cases, ids=["-".join(map(label, c)) for c in cases])
+
+
+def stencil_loop(x, comm=None):
+    """A stencil code's compiled loop, written as users write it: rows cut
+    from the field x go straight into the calls, and their results into
+    rows. Twice: the ghost rows 0 and -1 (columns 1:-1) come from the ring
+    neighbours, then row 2 becomes its sum over ranks. XLA:GPU's
+    dynamic-slice fusion fuses such slices with the calls (docs/gpu.md)."""
+    prev, following = (RANK - 1) % SIZE, (RANK + 1) % SIZE
+
+    def step(_, x):
+        ghosts = mpijax.neighbor_exchange(
+            [x[-2:-1, 1:-1], x[1:2, 1:-1]], [prev, following], [following, prev], comm=comm
+        )
+        x = x.at[:1, 1:-1].set(ghosts[0]).at[-1:, 1:-1].set(ghosts[1])
+        return x.at[2, 1:-1].set(mpijax.allreduce(x[2, 1:-1], MPI.SUM, comm=comm))
+
+    return jax.lax.fori_loop(0, 2, step, x)
 
 
 # What mpirun gives its ranks; a process started without it is a job of its own.

@@ -16,7 +16,7 @@ import mpijax
 from mpijax._src import jax_version
 from mpijax._src.runtime import core
 
-from reference import RANK, SIZE
+from reference import RANK, SIZE, stencil_loop
 
 NEXT, PREV = (RANK + 1) % SIZE, (RANK - 1) % SIZE
 
@@ -142,14 +142,8 @@ def test_the_cuda_lowering_puts_barriers_between_the_calls_and_the_slices_around
     barrier (checked without a GPU; tests/test_gpu.py compiles such a loop)."""
     if not mpijax.has_cuda_support():
         pytest.skip("a CPU-only build: CMake found no CUDA toolkit")
-
-    def step(_, x):
-        ghosts = mpijax.neighbor_exchange([x[-2:-1], x[1:2]], [PREV, NEXT], [NEXT, PREV])
-        x = x.at[:1].set(ghosts[0]).at[-1:].set(ghosts[1])
-        return x.at[2].set(mpijax.allreduce(x[2], MPI.SUM))
-
-    f = jax.jit(lambda x: jax.lax.fori_loop(0, 2, step, x))
-    module = f.trace(jnp.ones((6, 8))).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    lowered = jax.jit(stencil_loop).trace(jnp.ones((6, 8))).lower(lowering_platforms=("cuda",))
+    module = lowered.compiler_ir("stablehlo")
 
     def ops(op):
         for region in op.regions:

@@ -27,7 +27,19 @@ from mpi4py import MPI
 import mpijax
 from mpijax._src.runtime import core
 
-from reference import BIG, DTYPES, MODES, RANK, SIZE, assert_equal, checkerboard, data, fresh_job_env, np_dtype
+from reference import (
+    BIG,
+    DTYPES,
+    MODES,
+    RANK,
+    SIZE,
+    assert_equal,
+    checkerboard,
+    data,
+    fresh_job_env,
+    np_dtype,
+    stencil_loop,
+)
 from test_autodiff import (
     CASES,
     COUNTS,
@@ -328,19 +340,11 @@ def test_grad_of_a_jitted_training_step(comm, memory):
 
 
 def test_rows_of_a_field_go_straight_into_the_calls_of_a_loop(memory):
-    """A stencil code's compiled loop, written as users write it: rows cut
-    from the field are the calls' operands. XLA:GPU's dynamic-slice fusion
-    folds such slices into a fusion around the call, token and all, which its
-    priority fusion then cannot cost (the shallow-water example aborted so on
-    an H200). The ghost rows come from the neighbours, and row 2 becomes its
-    sum over ranks, twice; against NumPy."""
+    """reference.stencil_loop, whose slices XLA:GPU's dynamic-slice fusion
+    folds into a fusion around the calls, token and all, which its priority
+    fusion then cannot cost (the shallow-water example aborted so on an
+    H200), at the example's block size; against NumPy."""
     start = [np.arange(130 * 258, dtype=np.float32).reshape(130, 258) + 1000 * r for r in range(SIZE)]
-
-    def step(_, x):
-        ghosts = mpijax.neighbor_exchange([x[-2:-1, 1:-1], x[1:2, 1:-1]], [PREV, NEXT], [NEXT, PREV], comm=CART)
-        x = x.at[:1, 1:-1].set(ghosts[0]).at[-1:, 1:-1].set(ghosts[1])
-        return x.at[2, 1:-1].set(mpijax.allreduce(x[2, 1:-1], MPI.SUM, comm=CART))
-
     want = start
     for _ in range(2):
         before, want = want, [x.copy() for x in want]
@@ -349,7 +353,7 @@ def test_rows_of_a_field_go_straight_into_the_calls_of_a_loop(memory):
         total = sum(x[2, 1:-1] for x in want)
         for x in want:
             x[2, 1:-1] = total
-    assert_equal(run(jax.jit(lambda x: jax.lax.fori_loop(0, 2, step, x)), start[RANK]), want[RANK])
+    assert_equal(run(jax.jit(lambda x: stencil_loop(x, CART)), start[RANK]), want[RANK])
 
 
 @gpu_only

@@ -205,7 +205,7 @@ def mpi_primitive(
 
 def _behind_barrier(values):
     """values, passed through an optimization barrier (where there are any)."""
-    return list(hlo.OptimizationBarrierOp(values).results) if values else list(values)
+    return list(hlo.OptimizationBarrierOp(values).results) if values else []
 
 
 def _attribute(value):
