@@ -7,7 +7,10 @@
 #      (scripts/test_jax_versions.sh), then at 2 and 3 ranks with .venv's;
 #      and tests/test_gpu.py at 2 ranks on the CPU through the CUDA handlers'
 #      staged path, against a stand-in CUDA runtime (where the CUDA toolkit
-#      is: MPIJAX_CUDA=STAND_IN in CMakeLists.txt); then mpi4jax's own test
+#      is: MPIJAX_CUDA=STAND_IN in CMakeLists.txt); tests/test_xla_gpu.py at
+#      2 ranks, .venv's programs compiled by XLA:GPU for a described GPU
+#      through JAX's CUDA plugin (from PyPI, in a venv of its own; nothing
+#      runs on a GPU); then mpi4jax's own test
 #      suites of 0.9.1 and 0.6.1 (the token API) at 2 ranks, with
 #      `import mpi4jax` resolving to mpijax (scripts/mpi4jax_suite.sh);
 #   4. the same with MPICH (ctest, launcher tests, then 2 ranks: MPICH polls
@@ -73,17 +76,28 @@ MPIJAX_WHEEL=$(ls build/wheel.venv/mpijax-*.whl) \
 for n in 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
-stand_in_tests() {  # mpijax built with MPIJAX_CUDA=STAND_IN, in a venv on top of .venv's
-  local venv=build/stand-in
+venv_on_top() {  # venv_on_top DIR PACKAGE...: a new venv in DIR that sees .venv's packages, with these on top
+  local venv=$1; shift
   rm -rf "$venv" && "$python" -m venv --without-pip "$venv" \
     && site_packages "$python" >"$(site_packages "$venv/bin/python")/base.pth" \
-    && CMAKE_ARGS=-DMPIJAX_CUDA=STAND_IN "$python" -m pip --python "$venv/bin/python" install -q --no-deps . \
-    && MPIJAX_GPU_TESTS_ON=cpu timeout 900 mpirun -n 2 "$venv/bin/python" -m pytest -q --color=no tests/test_gpu.py
+    && "$python" -m pip --python "$venv/bin/python" install -q --no-deps "$@"
+}
+stand_in_tests() {  # mpijax built with MPIJAX_CUDA=STAND_IN
+  CMAKE_ARGS=-DMPIJAX_CUDA=STAND_IN venv_on_top build/stand-in . \
+    && MPIJAX_GPU_TESTS_ON=cpu timeout 900 mpirun -n 2 build/stand-in/bin/python -m pytest -q --color=no tests/test_gpu.py
+}
+xla_gpu_tests() {  # .venv's mpijax compiled by XLA:GPU, through JAX's CUDA plugin of .venv's jaxlib (no GPU used)
+  local jaxlib
+  jaxlib=$("$python" -c "import jaxlib; print(jaxlib.__version__)")
+  venv_on_top build/xla-gpu "jax-cuda13-plugin==$jaxlib" "jax-cuda13-pjrt==$jaxlib" \
+    && JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 MPIJAX_XLA_GPU_COMPILE=1 \
+      timeout 600 mpirun -n 2 build/xla-gpu/bin/python -m pytest -q --color=no tests/test_xla_gpu.py
 }
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
   stage gpu-stand-in stand_in_tests
+  stage xla-gpu-compile xla_gpu_tests
 else
-  echo "== gpu-stand-in: left out, no CUDA toolkit (its headers build the CUDA policy)"
+  echo "== gpu-stand-in, xla-gpu-compile: left out, no CUDA toolkit (its headers build the CUDA policy and handlers)"
 fi
 stage mpi4jax-suites bash scripts/mpi4jax_suite.sh 0.9.1 0.6.1
 if [ "$mpich" != 0 ]; then
