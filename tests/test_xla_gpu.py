@@ -5,9 +5,10 @@ GPU run can fail before any MPI call: XLA's dynamic-slice fusion folded the
 slices around MPI calls into fusions that priority fusion cannot cost, and
 aborted the process (docs/gpu.md, "XLA's dynamic-slice fusion"). The fusion
 is on here, as it was on the H200, and every case of test_autodiff.py (value,
-jvp and vjp in one program, and vmap), a stencil loop, the shallow-water
-example's loop and a training step must compile; without mpijax's barriers
-the loops abort here too (docs/benchmarks/gpu/dynamic-slice-fusion/deviceless.log).
+jvp and vjp in one program, and vmap), a stencil loop, the three examples'
+compiled loops (the Poisson solve with its gradient) and a training step must
+compile; without mpijax's barriers the stencil, shallow-water and Poisson
+loops abort here too (docs/benchmarks/gpu/dynamic-slice-fusion/deviceless.log).
 
 Needs JAX's CUDA plugin of the installed jaxlib (jax-cuda13-plugin and
 jax-cuda13-pjrt) and mpijax's CUDA handlers. scripts/test.sh installs the
@@ -26,6 +27,8 @@ from mpi4py import MPI
 
 import mpijax
 
+import data_parallel
+import poisson_cg
 import shallow_water as sw
 from reference import stencil_loop
 from test_autodiff import CASES, inputs
@@ -122,6 +125,28 @@ def test_the_shallow_water_loop(comm):
     state = sw.initial_state(cfg, rows, cols)
     assert mpi_calls(compile_for_gpu(lambda s: sw.simulate(s, steps, cfg, sw.mpijax_comms(cart)), state)) > 0
     cart.Free()
+
+
+def test_the_poisson_solve_and_its_gradient(comm):
+    """The CG example at its default size: a while loop of halo exchanges
+    and dot products, and its gradient (the adjoint solve), in float64."""
+    cart = comm.Create_cart(MPI.Compute_dims(comm.Get_size(), 2), periods=[False, False])
+    theta, problem = poisson_cg.setup(128, cart)
+    comms = poisson_cg.mpijax_comms(cart)
+    loss = jax.value_and_grad(lambda theta: poisson_cg.loss(theta, problem, comms))
+    assert mpi_calls(compile_for_gpu(loss, theta)) > 0
+    cart.Free()
+
+
+def test_the_data_parallel_epoch(comm):
+    """The training example's epoch: a scan of Adam steps whose gradients
+    are averaged by one tree_allreduce each."""
+    data = data_parallel.dataset(4800)
+    params = data_parallel.init_params(jax.random.key(0), [2, 64, 64, 1])
+    state = (params, data_parallel.adam_init(params))
+    rows = np.zeros((20, 240 // comm.Get_size()), np.int32)
+    epoch = data_parallel.make_epoch(data_parallel.mpi_average(comm), 3e-3)
+    assert mpi_calls(compile_for_gpu(epoch, state, data, rows)) == 1
 
 
 def test_a_training_step_with_a_barrier(comm):

@@ -38,7 +38,8 @@ for python in "$@"; do
   echo "### $python: $("$python" -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)')," \
     "PJRT plugin $(sha256sum "$("$python" -c 'import jax_plugins.xla_cuda13 as p, os; print(os.path.dirname(p.__file__))')/xla_cuda_plugin.so" | cut -c1-16)"
   run committed on
-  for test in test_a_stencil_loop_with_rows_going_straight_into_the_calls test_the_shallow_water_loop; do
+  for test in test_a_stencil_loop_with_rows_going_straight_into_the_calls test_the_shallow_water_loop \
+    test_the_poisson_solve_and_its_gradient; do
     for b in committed none front-only back-only; do run "$b" on "$test"; done
     run none default "$test"
   done
