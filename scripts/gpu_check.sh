@@ -10,9 +10,14 @@
 #          the GPU (2 ranks against 1);
 #   bench  runs the GPU benchmarks (benchmarks/run.py --gpu: bandwidth, and
 #          dispatch cost and memory with the calls on the GPU) and the
-#          shallow-water example at 2 ranks on the GPU (its steps per second).
+#          shallow-water example at 2 ranks on the GPU (its steps per second);
+#   waits  (only when named) staged mode before 18b99de, which dropped a stream
+#          synchronisation from every staged call, against this build, case by
+#          case (benchmarks/staged_waits.py); the build before is made from
+#          MPIJAX_BEFORE_TGZ=FILE, made here by
+#          `git archive -o build/before.tar.gz 18b99de^`.
 #   bash scripts/gpu_check.sh [OUTPUT_DIR [STEP...]]   (default build/gpu-check,
-#                                                       all three steps)
+#                                                       build, test and bench)
 # Naming steps splits the check over commands that each must end within a
 # time limit (build and test, then bench). Everything it prints is appended to
 # OUTPUT_DIR/gpu-check.log, with the benchmark report in OUTPUT_DIR/bench.
@@ -40,6 +45,11 @@ export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.4}
 wants() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
+venv_on_top() {  # venv_on_top DIR: a venv in DIR that also sees the packages of $python's environment
+  "$python" -m venv --without-pip "$1" \
+    && "$python" -c "import sys; print(*(p for p in sys.path if p.endswith('-packages')), sep='\n')" \
+      >"$(purelib "$1/bin/python")/base.pth"
+}
 
 # Packages go to the Python's own environment or, where that is read-only (an
 # image's), to a virtual environment on top of it, which later steps use too.
@@ -47,8 +57,7 @@ gpu_venv=build/gpu-venv
 pip=("$python" -m pip)
 if [ ! -x "$gpu_venv/bin/python" ] && wants build && [ -n "${MPIJAX_WHEELS:-}" ] && [ ! -w "$(purelib "$python")" ]; then
   echo "== $(purelib "$python") is read-only: packages go to $gpu_venv, on top of it"
-  "$python" -m venv --without-pip "$gpu_venv" || exit 1
-  purelib "$python" >"$(purelib "$gpu_venv/bin/python")/base.pth"
+  venv_on_top "$gpu_venv" || exit 1
 fi
 if [ -x "$gpu_venv/bin/python" ]; then
   pip=("$python" -m pip --python "$gpu_venv/bin/python")
@@ -101,7 +110,7 @@ fi
 # Two ranks on one GPU take turns on it unless an MPS daemon serves them both,
 # and each switch costs over a hundred microseconds (docs/gpu.md): start one
 # for this run where none is running (MPIJAX_MPS=0: not).
-if { wants test || wants bench; } && [ "${MPIJAX_MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null \
+if { wants test || wants bench || wants waits; } && [ "${MPIJAX_MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null \
   && nvidia-cuda-mps-control -d; then
   echo "== started an MPS daemon for this run"
   trap 'echo quit | nvidia-cuda-mps-control' EXIT
@@ -125,5 +134,20 @@ if wants bench; then
   cat "$out/bench/README.md" 2>/dev/null
   echo "== examples/shallow_water.py on 2 ranks sharing the GPU (staged)"
   timeout 600 mpirun -n 2 "$python" examples/shallow_water.py --out "$out/shallow_water.png" || failed=1
+fi
+if wants waits; then
+  echo "== staged mode before 18b99de against this build"
+  before=$PWD/build/before
+  if [ -z "${MPIJAX_BEFORE_TGZ:-}" ]; then
+    echo "MPIJAX_BEFORE_TGZ is not set (git archive -o build/before.tar.gz 18b99de^)"
+    failed=1
+  else
+    rm -rf "$before" && mkdir -p "$before/src" && tar -C "$before/src" -xzf "$MPIJAX_BEFORE_TGZ" \
+      && venv_on_top "$before/venv" \
+      && CMAKE_ARGS="-DMPIJAX_CUDA=ON -DMPI_C_COMPILER=$mpicc" \
+        "$python" -m pip --python "$before/venv/bin/python" install -q --no-build-isolation --no-deps "$before/src" \
+      && timeout 900 "$python" benchmarks/staged_waits.py "$before/venv/bin/python" --output "$out/staged-waits" \
+      || failed=1
+  fi
 fi
 exit $failed
