@@ -164,8 +164,10 @@ def mps_running():
 
 
 def gpu_name():
-    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-    return subprocess.run(query, capture_output=True, text=True).stdout.splitlines()[0]
+    """What JAX calls the GPU (asked in a process of its own, as the workers
+    are: this one stays off the GPU; not nvidia-smi, which a container may lack)."""
+    query = [sys.executable, "-c", "import jax; print(jax.devices()[0].device_kind)"]
+    return subprocess.run(query, capture_output=True, text=True).stdout.strip() or "unknown"
 
 
 def build(program):
