@@ -7,8 +7,9 @@ aborted the process (docs/gpu.md, "XLA's dynamic-slice fusion"). The fusion
 is on here, as it was on the H200, and every case of test_autodiff.py (value,
 jvp and vjp in one program, and vmap), a stencil loop, the three examples'
 compiled loops (the Poisson solve with its gradient) and a training step must
-compile; without mpijax's barriers the stencil, shallow-water and Poisson
-loops abort here too (docs/benchmarks/gpu/dynamic-slice-fusion/deviceless.log).
+compile, and between them call every handler the build has for CUDA; without
+mpijax's barriers the stencil, shallow-water and Poisson loops abort here too
+(docs/benchmarks/gpu/dynamic-slice-fusion/deviceless.log).
 
 Needs JAX's CUDA plugin of the installed jaxlib (jax-cuda13-plugin and
 jax-cuda13-pjrt) and mpijax's CUDA handlers. scripts/test.sh installs the
@@ -18,6 +19,7 @@ of the CUDA driver, which a machine without a GPU fails). Elsewhere the
 module is skipped, unless MPIJAX_XLA_GPU_COMPILE=1 makes that a failure."""
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +28,7 @@ import pytest
 from mpi4py import MPI
 
 import mpijax
+from mpijax._src.runtime import FFI_TARGETS
 
 import data_parallel
 import poisson_cg
@@ -76,17 +79,20 @@ except Exception as error:
     pytest.skip(f"needs JAX's CUDA plugin and mpijax's CUDA handlers: {error}", allow_module_level=True)
 
 ON_GPU = jax.sharding.SingleDeviceSharding(GPU)
+COMPILED = set()  # the handlers called by the programs compiled so far on this rank
 
 
 def compile_for_gpu(f, *args):
     """f compiled by XLA:GPU for arguments shaped like args, placed on the
     described GPU; its optimized HLO."""
     specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a), sharding=ON_GPU), args)
-    return jax.jit(f).trace(*specs).lower().compile(compiler_options=OPTIONS).as_text()
+    hlo = jax.jit(f).trace(*specs).lower().compile(compiler_options=OPTIONS).as_text()
+    COMPILED.update(mpi_calls(hlo))
+    return hlo
 
 
 def mpi_calls(hlo):
-    return hlo.count('custom_call_target="mpijax_')
+    return re.findall(r'custom_call_target="(mpijax_\w+)"', hlo)
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
@@ -99,20 +105,23 @@ def test_every_op_with_its_derivatives(comm, case):
         return y, ydot, pullback(w)[0]
 
     y = jax.eval_shape(lambda x: case.call(x, comm), x)
-    assert mpi_calls(compile_for_gpu(program, x, x, np.zeros(y.shape, y.dtype))) > 0
+    assert mpi_calls(compile_for_gpu(program, x, x, np.zeros(y.shape, y.dtype)))
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_every_op_under_vmap(comm, case):
     batch = np.stack([inputs(case)[comm.Get_rank()]] * 3)
-    assert mpi_calls(compile_for_gpu(jax.vmap(lambda x: case.call(x, comm)), batch)) > 0
+    assert mpi_calls(compile_for_gpu(jax.vmap(lambda x: case.call(x, comm)), batch))
 
 
 def test_a_stencil_loop_with_rows_going_straight_into_the_calls():
     """The loop that aborted on the H200 with barriers in front of the calls
     only (row-test-rewrite.diff): the fusion took the allreduce together with
     the row update its result feeds."""
-    assert mpi_calls(compile_for_gpu(stencil_loop, np.zeros((130, 258), np.float32))) == 2
+    assert mpi_calls(compile_for_gpu(stencil_loop, np.zeros((130, 258), np.float32))) == [
+        "mpijax_neighbor_exchange",
+        "mpijax_allreduce",
+    ]
 
 
 def test_the_shallow_water_loop(comm):
@@ -123,7 +132,7 @@ def test_the_shallow_water_loop(comm):
     cart, rows, cols = sw.decompose(comm, cfg.n)
     steps = round(0.25 * sw.DAY / cfg.dt)
     state = sw.initial_state(cfg, rows, cols)
-    assert mpi_calls(compile_for_gpu(lambda s: sw.simulate(s, steps, cfg, sw.mpijax_comms(cart)), state)) > 0
+    assert mpi_calls(compile_for_gpu(lambda s: sw.simulate(s, steps, cfg, sw.mpijax_comms(cart)), state))
     cart.Free()
 
 
@@ -134,7 +143,7 @@ def test_the_poisson_solve_and_its_gradient(comm):
     theta, problem = poisson_cg.setup(128, cart)
     comms = poisson_cg.mpijax_comms(cart)
     loss = jax.value_and_grad(lambda theta: poisson_cg.loss(theta, problem, comms))
-    assert mpi_calls(compile_for_gpu(loss, theta)) > 0
+    assert mpi_calls(compile_for_gpu(loss, theta))
     cart.Free()
 
 
@@ -146,7 +155,7 @@ def test_the_data_parallel_epoch(comm):
     state = (params, data_parallel.adam_init(params))
     rows = np.zeros((20, 240 // comm.Get_size()), np.int32)
     epoch = data_parallel.make_epoch(data_parallel.mpi_average(comm), 3e-3)
-    assert mpi_calls(compile_for_gpu(epoch, state, data, rows)) == 1
+    assert mpi_calls(compile_for_gpu(epoch, state, data, rows)) == ["mpijax_allreduce"]
 
 
 def test_a_training_step_with_a_barrier(comm):
@@ -155,4 +164,14 @@ def test_a_training_step_with_a_barrier(comm):
         loss = lambda w: mpijax.allreduce(jnp.sum(jnp.tanh(x @ w) ** 2), MPI.SUM, comm=comm)  # noqa: E731
         return jax.grad(loss)(w)
 
-    assert mpi_calls(compile_for_gpu(step, np.zeros((8, 4)), np.zeros((16, 8)))) == 2
+    assert mpi_calls(compile_for_gpu(step, np.zeros((8, 4)), np.zeros((16, 8)))) == [
+        "mpijax_barrier",
+        "mpijax_allreduce",
+    ]
+
+
+def test_every_handler_was_compiled(comm):
+    """Last in the module, which it needs whole: its programs, on one rank or
+    another, called every handler the build has for CUDA, so that an op added
+    without a program here fails."""
+    assert set().union(*comm.allgather(COMPILED)) == set(FFI_TARGETS["CUDA"])
