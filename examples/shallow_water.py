@@ -36,6 +36,7 @@ from mpi4py import MPI
 import mpijax
 
 DAY = 86400.0
+EVERY = 0.25  # days of steps in each compiled loop: between energy checks (and frames)
 
 
 class Config(NamedTuple):
@@ -158,6 +159,13 @@ def simulate(state, steps, cfg, comms):
     return state, totals(state, cfg, comms)
 
 
+def time_loop(cfg, cart, every=EVERY):
+    """The loop that main compiles, as a function of the state: `every` days
+    of steps, then the totals; and its number of steps."""
+    steps = max(1, round(every * DAY / cfg.dt))
+    return (lambda state: simulate(state, steps, cfg, mpijax_comms(cart))), steps
+
+
 def decompose(comm, n):
     """A 2-D Cartesian communicator, periodic both ways, and this rank's rows
     and columns of the n x n grid."""
@@ -186,7 +194,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=Config._field_defaults["n"], help="grid cells along each side")
     parser.add_argument("--days", type=float, default=10.0, help="simulated time")
-    parser.add_argument("--every", type=float, default=0.25, help="days between energy checks (and frames)")
+    parser.add_argument("--every", type=float, default=EVERY, help="days between energy checks (and frames)")
     parser.add_argument("--out", default="shallow_water.png", help="picture of the final height")
     parser.add_argument("--animate", action="store_true", help="also write an animation, the PNG's name with .gif")
     args = parser.parse_args()
@@ -195,7 +203,7 @@ def main():
     cfg = Config(n=args.n)
     cart, rows, cols = decompose(comm, cfg.n)
     rank0 = cart.Get_rank() == 0
-    chunk = max(1, round(args.every * DAY / cfg.dt))
+    loop, chunk = time_loop(cfg, cart, args.every)
     chunks = max(1, round(args.days * DAY / (chunk * cfg.dt)))
 
     def say(*what):
@@ -206,9 +214,8 @@ def main():
     where = jax.devices()[0].platform
     say(f"{cfg.n} x {cfg.n} cells on {dims[0]} x {dims[1]} ranks ({where}), {chunks * chunk} steps of {cfg.dt:.0f} s")
     state = initial_state(cfg, rows, cols)
-    advance = jax.jit(lambda s: simulate(s, chunk, cfg, mpijax_comms(cart)))
     start = time.perf_counter()
-    advance = advance.lower(state).compile()
+    advance = jax.jit(loop).lower(state).compile()
     say(f"compiled in {time.perf_counter() - start:.1f} s")
 
     first = np.asarray(jax.jit(lambda s: totals(s, cfg, mpijax_comms(cart)))(state))

@@ -59,7 +59,6 @@ def test_the_example_compiles_its_own_time_loop(comm):
     size = comm.Get_size()
     cfg = sw.Config(n=sw.Config().n // size * size)  # one that splits over these ranks
     cart, rows, cols = sw.decompose(comm, cfg.n)
-    state = sw.initial_state(cfg, rows, cols)
-    steps = round(0.25 * sw.DAY / cfg.dt)
-    jax.jit(lambda s: sw.simulate(s, steps, cfg, sw.mpijax_comms(cart))).lower(state).compile()
+    loop, _ = sw.time_loop(cfg, cart)
+    jax.jit(loop).lower(sw.initial_state(cfg, rows, cols)).compile()
     cart.Free()

@@ -130,9 +130,8 @@ def test_the_shallow_water_loop(comm):
     calls had barriers (example-rewrite.diff)."""
     cfg = sw.Config(n=sw.Config().n // comm.Get_size() * comm.Get_size())
     cart, rows, cols = sw.decompose(comm, cfg.n)
-    steps = round(0.25 * sw.DAY / cfg.dt)
-    state = sw.initial_state(cfg, rows, cols)
-    assert mpi_calls(compile_for_gpu(lambda s: sw.simulate(s, steps, cfg, sw.mpijax_comms(cart)), state))
+    loop, _ = sw.time_loop(cfg, cart)
+    assert mpi_calls(compile_for_gpu(loop, sw.initial_state(cfg, rows, cols)))
     cart.Free()
 
 
