@@ -44,12 +44,6 @@ export PYTHONUNBUFFERED=1
 # Two ranks on one GPU: each takes a share of its memory, not JAX's 75 %.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.4}
 wants() { [[ " ${steps[*]} " == *" $1 "* ]]; }
-purelib() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
-venv_on_top() {  # venv_on_top DIR: a venv in DIR that also sees the packages of $python's environment
-  "$python" -m venv --without-pip "$1" \
-    && "$python" -c "import sys; print(*(p for p in sys.path if p.endswith('-packages')), sep='\n')" \
-      >"$(purelib "$1/bin/python")/base.pth"
-}
 
 # Packages go to the Python's own environment or, where that is read-only (an
 # image's), to a virtual environment on top of it, which later steps use too.
@@ -57,7 +51,7 @@ gpu_venv=build/gpu-venv
 pip=("$python" -m pip)
 if [ ! -x "$gpu_venv/bin/python" ] && wants build && [ -n "${MPIJAX_WHEELS:-}" ] && [ ! -w "$(purelib "$python")" ]; then
   echo "== $(purelib "$python") is read-only: packages go to $gpu_venv, on top of it"
-  venv_on_top "$gpu_venv" || exit 1
+  venv_on_top "$gpu_venv" "$python" || exit 1
 fi
 if [ -x "$gpu_venv/bin/python" ]; then
   pip=("$python" -m pip --python "$gpu_venv/bin/python")
@@ -143,9 +137,8 @@ if wants waits; then
     failed=1
   else
     rm -rf "$before" && mkdir -p "$before/src" && tar -C "$before/src" -xzf "$MPIJAX_BEFORE_TGZ" \
-      && venv_on_top "$before/venv" \
       && CMAKE_ARGS="-DMPIJAX_CUDA=ON -DMPI_C_COMPILER=$mpicc" \
-        "$python" -m pip --python "$before/venv/bin/python" install -q --no-build-isolation --no-deps "$before/src" \
+        venv_on_top "$before/venv" "$python" --no-build-isolation "$before/src" \
       && timeout 900 "$python" benchmarks/staged_waits.py "$before/venv/bin/python" --output "$out/staged-waits" \
       || failed=1
   fi

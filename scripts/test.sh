@@ -29,7 +29,6 @@ if [ "$mpich" != 0 ]; then
 fi
 source scripts/mpienv.sh
 python=.venv/bin/python
-site_packages() { "$1" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"; }
 logs=build/test-logs
 mkdir -p "$logs"
 
@@ -66,7 +65,7 @@ ctest_stage() {  # ctest_stage NAME CMAKE_ARGS...: build the GoogleTest suite in
 total_start=$SECONDS
 ctest_stage ctest
 # The launcher tests also import mpijax with the other MPI's mpi4py.
-[ "$mpich" != 0 ] && export MPIJAX_OTHER_MPI4PY=$(site_packages .venv-mpich/bin/python)
+[ "$mpich" != 0 ] && export MPIJAX_OTHER_MPI4PY=$(purelib .venv-mpich/bin/python)
 stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 # At 1 rank, under the oldest JAX that mpijax supports (its own venv, with
 # the wheel that setup.sh built); at 2 and 3 ranks under .venv's.
@@ -76,20 +75,14 @@ MPIJAX_WHEEL=$(ls build/wheel.venv/mpijax-*.whl) \
 for n in 2 3; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
-venv_on_top() {  # venv_on_top DIR PACKAGE...: a new venv in DIR that sees .venv's packages, with these on top
-  local venv=$1; shift
-  rm -rf "$venv" && "$python" -m venv --without-pip "$venv" \
-    && site_packages "$python" >"$(site_packages "$venv/bin/python")/base.pth" \
-    && "$python" -m pip --python "$venv/bin/python" install -q --no-deps "$@"
-}
-stand_in_tests() {  # mpijax built with MPIJAX_CUDA=STAND_IN
-  CMAKE_ARGS=-DMPIJAX_CUDA=STAND_IN venv_on_top build/stand-in . \
+stand_in_tests() {  # mpijax built with MPIJAX_CUDA=STAND_IN, on top of .venv
+  CMAKE_ARGS=-DMPIJAX_CUDA=STAND_IN venv_on_top build/stand-in "$python" . \
     && MPIJAX_GPU_TESTS_ON=cpu timeout 900 mpirun -n 2 build/stand-in/bin/python -m pytest -q --color=no tests/test_gpu.py
 }
 xla_gpu_tests() {  # .venv's mpijax compiled by XLA:GPU, through JAX's CUDA plugin of .venv's jaxlib (no GPU used)
   local jaxlib
   jaxlib=$("$python" -c "import jaxlib; print(jaxlib.__version__)")
-  venv_on_top build/xla-gpu "jax-cuda13-plugin==$jaxlib" "jax-cuda13-pjrt==$jaxlib" \
+  venv_on_top build/xla-gpu "$python" "jax-cuda13-plugin==$jaxlib" "jax-cuda13-pjrt==$jaxlib" \
     && JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 MPIJAX_XLA_GPU_COMPILE=1 \
       timeout 600 mpirun -n 2 build/xla-gpu/bin/python -m pytest -q --color=no tests/test_xla_gpu.py
 }
@@ -103,7 +96,7 @@ stage mpi4jax-suites bash scripts/mpi4jax_suite.sh 0.9.1 0.6.1
 if [ "$mpich" != 0 ]; then
   mpich_python=.venv-mpich/bin/python
   ctest_stage ctest-mpich -DMPI_C_COMPILER="$(command -v mpicc.mpich)" -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)"
-  MPIJAX_OTHER_MPI4PY=$(site_packages "$python") MPIJAX_MPIRUN=mpirun.mpich \
+  MPIJAX_OTHER_MPI4PY=$(purelib "$python") MPIJAX_MPIRUN=mpirun.mpich \
     stage mpich-launcher timeout 900 "$mpich_python" -m pytest -m launcher -q --color=no tests
   stage mpich-2-ranks timeout 1800 mpirun.mpich -n 2 "$mpich_python" -m pytest -m "not launcher" -q --color=no tests
 fi
