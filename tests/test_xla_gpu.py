@@ -172,5 +172,8 @@ def test_a_training_step_with_a_barrier(comm):
 def test_every_handler_was_compiled(comm):
     """Last in the module, which it needs whole: its programs, on one rank or
     another, called every handler the build has for CUDA, so that an op added
-    without a program here fails."""
+    without a program here fails. Not alone: there a halo exchange whose
+    axes are not periodic has no one to talk to and makes no call."""
+    if comm.Get_size() == 1:
+        pytest.skip("needs 2 or more ranks (scripts/test.sh runs this module at 2)")
     assert set().union(*comm.allgather(COMPILED)) == set(FFI_TARGETS["CUDA"])
