@@ -77,7 +77,7 @@ config=(
   --without-knem --without-xpmem --without-hcoll --without-fca --without-ucc
   --without-lustre --without-gpfs --without-pvfs2
   --without-tm --without-lsf --without-alps --without-sge --without-slurm
-  --enable-mca-no-build=btl-openib,btl-usnic,btl-uct,pml-ucx,osc-ucx,mtl,coll-hcoll,coll-fca,coll-ucc,topo-treematch,vprotocol,reachable-netlink
+  --enable-mca-no-build="btl-openib,btl-usnic,btl-uct,pml-ucx,osc-ucx,mtl,coll-hcoll,coll-fca,coll-ucc,topo-treematch,vprotocol,reachable-netlink"
   --disable-static --disable-dependency-tracking --enable-silent-rules
   --with-package-string="mpijax CUDA-aware Open MPI (Debian openmpi $version)"
 )
@@ -114,8 +114,8 @@ built=$(oi --parsable --all | sed -n 's/^mca:mpi:base:param:mpi_built_with_cuda_
 cat >"$root/BUILD-INFO.txt" <<EOF
 CUDA-aware Open MPI for mpijax, built by scripts/build_cuda_mpi.sh
 date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)
-source:   Debian openmpi $version source package ($mirror), upstream Open MPI $(cat "$src/VERSION" | sed -n 's/^\(major\|minor\|release\)=//p' | paste -sd.), without Debian's patches
-machine:  $(. /etc/os-release && echo "$PRETTY_NAME"), $(uname -m)
+source:   Debian openmpi $version source package ($mirror), upstream Open MPI $(sed -n 's/^\(major\|minor\|release\)=//p' "$src/VERSION" | paste -sd.), without Debian's patches
+machine:  $(sed -n 's/^PRETTY_NAME="\(.*\)"$/\1/p' /etc/os-release), $(uname -m)
 compiler: $(gcc --version | head -n 1)
 CUDA:     $("$cuda/bin/nvcc" --version 2>/dev/null | grep release || echo "$cuda")
 prefix:   $prefix (relocate: OPAL_PREFIX=<unpacked cuda-mpi>, with its bin/ on PATH and lib/ on LD_LIBRARY_PATH)

@@ -32,7 +32,7 @@
 # or by any step that finds it missing), and every step takes mpicc, mpirun
 # and libmpi from there.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=$(realpath -m "${1:-build/gpu-check}")
 steps=("${@:2}")
 ((${#steps[@]})) || steps=(build test bench)
@@ -79,7 +79,7 @@ if [ -n "${MPIJAX_MPI_TGZ:-}" ]; then
 fi
 mpicc=$(command -v mpicc || find "$prefix" -path '*/bin/mpicc' 2>/dev/null | head -n 1)
 [ -n "$mpicc" ] || { echo "no mpicc found: install an MPI (or pass its wheel in MPIJAX_WHEELS)"; exit 1; }
-export PATH="$(dirname "$mpicc"):$PATH"
+PATH="$(dirname "$mpicc"):$PATH"
 echo "== machine (steps: ${steps[*]})"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version | grep release

@@ -13,7 +13,7 @@
 # Left out, each for the reason given below: the tests that use mpi4jax's
 # private modules, and two that check a behaviour mpijax changes on purpose.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ranks=2
 if [ "${1:-}" = -n ]; then ranks=$2; shift 2; fi
 source scripts/mpienv.sh
@@ -21,13 +21,13 @@ python=$PWD/$venv/bin/python
 ops=tests/collective_ops
 left_out=(
   # mpi4jax._src.xla_bridge: its logging switch, its MPI ABI check
-  $ops/test_common.py::test_debug_logging $ops/test_common.py::test_set_logging_from_envvar
-  $ops/test_common.py::test_mpi_abi_info $ops/test_common.py::test_mpi_abi_compatibility_check
-  $ops/test_common.py::test_mpi_abi_skip_check
+  "$ops/test_common.py::test_debug_logging" "$ops/test_common.py::test_set_logging_from_envvar"
+  "$ops/test_common.py::test_mpi_abi_info" "$ops/test_common.py::test_mpi_abi_compatibility_check"
+  "$ops/test_common.py::test_mpi_abi_skip_check"
   # mpi4jax aborts the job on an MPI error; mpijax raises (docs/failure-modes.md)
-  $ops/test_common.py::test_abort_on_error
+  "$ops/test_common.py::test_abort_on_error"
   # mpi4jax cannot take sendrecv's forward-mode derivative and expects an error; mpijax takes it
-  $ops/test_sendrecv.py::test_sendrecv_jacfwd
+  "$ops/test_sendrecv.py::test_sendrecv_jacfwd"
 )
 
 suite() {  # suite VERSION: prepare build/mpi4jax-VERSION/run, and run it
@@ -70,7 +70,7 @@ EOF
   done
   for t in "${left_out[@]}"; do args+=(--deselect "$t"); done
   # Before 0.9, test_barrier flushed with mpi4jax._src.flush.
-  grep -q _src.flush "$run/$ops/test_barrier.py" && args+=(--deselect $ops/test_barrier.py::test_barrier)
+  grep -q _src.flush "$run/$ops/test_barrier.py" && args+=(--deselect "$ops/test_barrier.py::test_barrier")
   echo "== mpi4jax $version's tests, against $module, on $ranks ranks"
   (cd "$run" && PYTHONPATH=$PWD/shim MPIJAX_TIMEOUT=${MPIJAX_TIMEOUT:-120} timeout 900 "$mpirun" -n "$ranks" \
     "$python" -m pytest -q --color=no -p no:cacheprovider --runxfail "${args[@]}" tests) >"$dir/pytest.log" 2>&1

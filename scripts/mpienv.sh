@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # mpicc, mpirun and venv are for the scripts that source this
 # Sourced by the scripts: which MPI (MPIJAX_MPI=mpich picks Debian's MPICH and
 # its own virtual environment; otherwise the MPI on PATH), what mpirun needs
 # here, and the two helpers for the virtual environments of test.sh and

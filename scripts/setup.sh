@@ -39,7 +39,8 @@ echo "== installing mpijax into $venv (against $mpicc, $("$mpirun" --version 2>&
 if [ "${MPIJAX_MPI:-}" = mpich ]; then
   # PyPI's mpi4py wheels bring no MPI of their own; build mpi4py on MPICH.
   MPICC=$mpicc "$venv/bin/python" -m pip install -q --no-binary=mpi4py "mpi4py>=4"
-  export CMAKE_ARGS="${CMAKE_ARGS:-} -DMPI_C_COMPILER=$(command -v "$mpicc")"
+  CMAKE_ARGS="${CMAKE_ARGS:-} -DMPI_C_COMPILER=$(command -v "$mpicc")"
+  export CMAKE_ARGS
 fi
 # Built once as a wheel, kept in build/wheel$venv (build/wheel.venv for
 # .venv): scripts/test.sh installs the same build under the oldest supported

@@ -16,12 +16,13 @@
 #   4. the same with MPICH (ctest, launcher tests, then 2 ranks: MPICH polls
 #      busily, so more ranks than cores crawl, and its 1-rank run only repeated
 #      Open MPI's), in .venv-mpich;
-#   5. ruff (lint and format) on the Python code, clang-format on the C++.
+#   5. ruff (lint and format) on the Python code, clang-format on the C++,
+#      and the shell scripts through shellcheck.
 # The first three use the MPI on PATH (Open MPI from Debian if there was none).
 # Every stage runs; the exit status is non-zero if any failed.
 # MPIJAX_TEST_MPICH=0 leaves out the MPICH stages.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh --no-example || exit 1
 mpich=${MPIJAX_TEST_MPICH:-1}
 if [ "$mpich" != 0 ]; then
@@ -35,6 +36,7 @@ mkdir -p "$logs"
 tools=()
 [ -f /usr/include/gtest/gtest.h ] || tools+=(libgtest-dev)
 command -v clang-format >/dev/null || tools+=(clang-format)
+command -v shellcheck >/dev/null || tools+=(shellcheck)
 if ((${#tools[@]})); then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${tools[@]}" >/dev/null
@@ -65,7 +67,10 @@ ctest_stage() {  # ctest_stage NAME CMAKE_ARGS...: build the GoogleTest suite in
 total_start=$SECONDS
 ctest_stage ctest
 # The launcher tests also import mpijax with the other MPI's mpi4py.
-[ "$mpich" != 0 ] && export MPIJAX_OTHER_MPI4PY=$(purelib .venv-mpich/bin/python)
+if [ "$mpich" != 0 ]; then
+  MPIJAX_OTHER_MPI4PY=$(purelib .venv-mpich/bin/python)
+  export MPIJAX_OTHER_MPI4PY
+fi
 stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 # At 1 rank, under the oldest JAX that mpijax supports (its own venv, with
 # the wheel that setup.sh built); at 2 and 3 ranks under .venv's.
@@ -101,7 +106,8 @@ if [ "$mpich" != 0 ]; then
   stage mpich-2-ranks timeout 1800 mpirun.mpich -n 2 "$mpich_python" -m pytest -m "not launcher" -q --color=no tests
 fi
 stage lint bash -c ".venv/bin/ruff check src tests examples benchmarks && .venv/bin/ruff format --check src tests examples benchmarks \
-  && clang-format --dry-run --Werror csrc/*.cc csrc/*.h csrc/tests/*.cc benchmarks/*.cc"
+  && clang-format --dry-run --Werror csrc/*.cc csrc/*.h csrc/tests/*.cc benchmarks/*.cc \
+  && shellcheck .ci/run \$(git ls-files '*.sh')"
 
 echo
 echo "== summary (wall time $((SECONDS - total_start))s)"

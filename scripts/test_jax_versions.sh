@@ -11,7 +11,7 @@
 # supported JAX (src/mpijax/_src/jax_version.py), with MPIJAX_WHEEL set to the
 # wheel that scripts/setup.sh built (the same build, not built again).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ranks=2
 if [ "${1:-}" = -n ]; then ranks=$2; shift 2; fi
 source scripts/mpienv.sh
@@ -22,7 +22,10 @@ for spec in "$@"; do
   env=build/jax-$version
   start=$SECONDS
   if [ ! -x "$env/bin/python" ]; then
-    "$python" -m venv "$env" && "$env/bin/python" -m pip install -q --upgrade pip || { failed=1; continue; }
+    if ! { "$python" -m venv "$env" && "$env/bin/python" -m pip install -q --upgrade pip; }; then
+      failed=1
+      continue
+    fi
   fi
   "$env/bin/python" -m pip uninstall -q -y mpijax 2>/dev/null
   if ! "$env/bin/python" -m pip install -q "jax==$version" "jaxlib==$version" "${MPIJAX_WHEEL:-.}[test]"; then
