@@ -1,6 +1,7 @@
 """Communicators: the private default, any intracommunicator, small ids in
 the compiled program."""
 
+import functools
 import re
 
 import jax
@@ -64,6 +65,18 @@ def test_cartesian_shift(comm, mode):
     finally:
         cart.Free()
     assert_equal(got, np.arange(4) + 10 * source)
+
+
+def test_jit_takes_a_comm_by_closure_or_partial_not_as_static_argument(comm):
+    def total(x, comm):
+        return mpijax.allreduce(x, MPI.SUM, comm=comm)
+
+    x = jnp.arange(3) + RANK
+    expected = sum(np.arange(3) + r for r in range(SIZE))
+    assert_equal(jax.jit(lambda x: total(x, comm))(x), expected)
+    assert_equal(jax.jit(functools.partial(total, comm=comm))(x), expected)
+    with pytest.raises(ValueError, match="hash"):  # mpi4py's communicators are unhashable
+        jax.jit(total, static_argnames="comm")(x, comm=comm)
 
 
 def test_comm_self():
