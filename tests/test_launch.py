@@ -308,6 +308,41 @@ def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
         assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
 
 
+# Which GPU of two each of 3 ranks gets, and the memory fraction that a shared
+# one's ranks get, binding over COMM_WORLD or over a communicator of ranks {0, 2}
+# and {1}.
+BINDINGS = {"world": ([0, 1, 0], ["0.45", None, "0.45"]), "split": ([0, 0, 1], [None] * 3)}
+
+
+@pytest.mark.parametrize("over", BINDINGS)
+def test_bind_local_gpu_spreads_the_ranks_over_the_visible_gpus(tmp_path, over):
+    """The choice of GPU, without one: JAX is told the GPU's index among
+    CUDA_VISIBLE_DEVICES (here two), and the CPU backend runs the rest."""
+    from mpijax._src import runtime
+
+    if not runtime.has_cuda_support():
+        pytest.skip("bind_local_gpu needs a build with CUDA handlers")
+    comm = "MPI.COMM_WORLD" if over == "world" else "MPI.COMM_WORLD.Split(MPI.COMM_WORLD.Get_rank() % 2)"
+    program = """
+        import os
+        os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+        from mpi4py import MPI
+        import mpijax
+        gpu = mpijax.bind_local_gpu(BIND_OVER)
+        import jax
+        import jax.numpy as jnp
+        total = mpijax.allreduce(jnp.ones(()), MPI.SUM)
+        fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        with open(f"bound.{MPI.COMM_WORLD.Get_rank()}", "w") as f:  # mpirun may interleave stdout
+            f.write(f"{gpu} {jax.config.values['jax_cuda_visible_devices']} {fraction} {int(total)}")
+        """.replace("BIND_OVER", comm)
+    result = mpirun(tmp_path, program, n=3, env={"CUDA_VISIBLE_DEVICES": "4,6", "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr
+    gpus, fractions = BINDINGS[over]
+    for rank, (gpu, fraction) in enumerate(zip(gpus, fractions, strict=True)):
+        assert (tmp_path / f"bound.{rank}").read_text() == f"{gpu} {gpu} {fraction} 3", rank
+
+
 @pytest.mark.parametrize("n", [4, 3])
 def test_jpi_intro_example(tmp_path, n):
     """JPI's README example on mpijax.jpi: each rank's line against the math.
