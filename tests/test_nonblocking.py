@@ -285,6 +285,8 @@ def test_errors(comm):
         mpijax.isend(jnp.zeros(2), RANK, tag=MPI.ANY_TAG, comm=comm)
     with pytest.raises(TypeError, match="expected mpijax Requests"):
         mpijax.wait([jnp.zeros(2)])
+    with pytest.raises(TypeError, match="expected mpijax Requests .* got int"):
+        mpijax.wait(3)
     with pytest.raises(TypeError, match="after= needs requests"):
         mpijax.wait(after=jnp.zeros(2))
     request = mpijax.ineighbor_exchange([jnp.ones(2)], [RANK], [RANK], comm=comm)

@@ -22,6 +22,7 @@ keep the transposed work inside it.
 import atexit
 import functools
 import sys
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import jax
@@ -165,7 +166,7 @@ def ineighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=Non
 
 def _requests(requests, op):
     single = isinstance(requests, Request)
-    requests = [requests] if single else list(requests)
+    requests = list(requests) if isinstance(requests, Iterable) and not single else [requests]
     for r in requests:
         if not isinstance(r, Request):
             raise TypeError(
