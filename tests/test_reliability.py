@@ -325,6 +325,34 @@ def test_set_timeout_leaves_queued_calls_the_setting_they_were_dispatched_under(
     mpijax.wait()
 
 
+@needs_two
+def test_set_check_leaves_queued_calls_the_setting_they_were_dispatched_under(comm):
+    """As for set_timeout: the second receive, queued, run in check mode
+    against a plain send, would take the send for the agreement's message."""
+    x = jnp.zeros(3)
+    previous = core.check()
+    if RANK == 0:
+        m = jnp.ones((256, 256))  # runs the program behind the dispatch (above)
+
+        def receive_two(x, m):
+            return mpijax.recv(x, 1, tag=1, comm=comm), mpijax.recv(x, 1, tag=2, comm=comm), m @ m
+
+        f = jax.jit(receive_two).lower(x, m).compile()
+        received = f(x, m)
+        start = time.perf_counter()
+        mpijax.set_check(not previous)
+        try:
+            assert time.perf_counter() - start > 1.0, "set_check returned before the queued receives ran"
+            assert_equal(received[1], np.full(3, 2.0))
+        finally:
+            mpijax.set_check(previous)
+    elif RANK == 1:
+        mpijax.send(x + 1, 0, tag=1, comm=comm)
+        time.sleep(2.0)
+        mpijax.send(x + 2, 0, tag=2, comm=comm)
+    mpijax.wait()
+
+
 # One call in flight ----------------------------------------------------------
 
 

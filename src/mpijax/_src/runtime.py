@@ -77,9 +77,15 @@ def set_check(enabled=True):
     """Check mode: before each MPI call the ranks involved agree on what they
     are about to do (op, dtype, shape, root, tag), and a disagreement raises
     on each of them, saying which rank passed what, instead of hanging or
-    corrupting data. Costs one small extra message per call. Takes effect at
-    once, also for compiled functions. Set it alike on every rank (the
-    agreement is itself a message). Same as MPIJAX_CHECK=1."""
+    corrupting data. Costs one small extra message per call. Takes effect for
+    every call dispatched after it, also in compiled functions; it first waits
+    until the calls dispatched before it have run (mpijax.wait()). Set it
+    alike on every rank (the agreement is itself a message). Same as
+    MPIJAX_CHECK=1."""
+    # A queued call reads the setting when it runs: were it changed under
+    # it, one rank could send the agreement's message to a rank that makes
+    # the plain call, which takes it for its data.
+    jax.effects_barrier()
     core.set_check(bool(enabled))
 
 
