@@ -146,6 +146,20 @@ def test_check_mode_reports_disagreement_on_every_rank(comm, check, mode, kind):
 
 
 @needs_two
+def test_check_mode_raises_on_jaxs_fast_path_too(comm, check):
+    """A function called before takes JAX's C++ dispatch path, which raises an
+    error met while it runs the program as a ValueError (JAX >= 0.7.2, jax-ml/jax
+    issue 34083; JaxRuntimeError where the error comes later): the same message
+    on every rank either way, and the communicator stays clean."""
+    f = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm))
+    for n in (4, 5):  # each shape compiled and run once on every rank
+        assert_equal(f(jnp.ones(n)), np.full(n, float(SIZE)))
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="check mode: the ranks disagree"):
+        jax.block_until_ready(f(jnp.ones(disagreeing(5, 4))))
+    assert_equal(f(jnp.ones(4)), np.full(4, float(SIZE)))
+
+
+@needs_two
 @pytest.mark.parametrize("checked", [False, True], ids=["plain", "check_mode"])
 @pytest.mark.parametrize("mode", MODES)
 def test_receives_into_larger_buffers_with_and_without_check_mode(comm, checked, mode):
