@@ -200,6 +200,33 @@ def test_mpijax_in_a_program_that_initialises_jax_distributed(tmp_path):
     assert sorted(re.findall(r"rank (\d) ok", result.stdout)) == ["0", "1", "2"], result.stdout
 
 
+@pytest.mark.parametrize("timeout", ["0", "30"])
+def test_one_rank_traces_before_any_mpijax_call(tmp_path, timeout):
+    """Printing a function's jaxpr or HLO on rank 0 alone, as its first use of
+    mpijax, while the others wait in a barrier: tracing makes no MPI call, and
+    the default communicator, which every rank started at import, is there."""
+    program = """
+        from mpi4py import MPI
+        import jax
+        import jax.numpy as jnp
+        import mpijax
+        rank = MPI.COMM_WORLD.Get_rank()
+        f = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM))
+        x = jnp.arange(3.0)
+        if rank == 0:
+            jax.make_jaxpr(f)(x)
+            jax.eval_shape(f, x)
+            f.lower(x).compile()
+        MPI.COMM_WORLD.Barrier()
+        with open(f"total.{rank}", "w") as out:
+            out.write(str(f(x).tolist()))
+        """
+    result = mpirun(tmp_path, program, n=3, env={"MPIJAX_TIMEOUT": timeout}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        assert (tmp_path / f"total.{rank}").read_text() == "[0.0, 3.0, 6.0]"
+
+
 @pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])
 def test_debug_environment_variable(tmp_path, variable):
     program = """
