@@ -62,6 +62,7 @@ MPIJAX_EXTRAS = {
     "ineighbor_exchange": "(sends, sources, dests, *, recvs=None, tags=None, comm=None)",
     "started": "(requests, x)",
     "tree_allreduce": "(tree, op, *, comm=None)",
+    "varying": "(x, *, comm=None)",
 }
 
 

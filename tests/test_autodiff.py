@@ -842,3 +842,76 @@ def test_cg_with_distributed_matvec(comm, mode):
     assert_close(MODES[mode](solve)(b), np.linalg.solve(a, b), rtol=1e-8)
     g = MODES[mode](jax.grad(lambda b: jnp.sum(solve(b) ** 2)))(jnp.asarray(b))
     assert_close(g, 2 * np.linalg.solve(a, np.linalg.solve(a, b)), rtol=1e-7)
+
+
+# Replicated results that feed work differing by rank --------------------------
+# Each rank does its own work on a value every rank holds alike, and the ranks'
+# losses are allreduced. Marked with mpijax.varying, the value's cotangents are
+# summed over the ranks; the global loss, a NumPy function of every rank's
+# input, is differentiated by central differences, element by element.
+
+DATA = [np.random.default_rng([11, r]).normal(size=N) for r in range(SIZE)]
+
+
+def _variance(x, comm):
+    mean = mpijax.varying(mpijax.allreduce(jnp.sum(x), MPI.SUM, comm=comm) / (N * SIZE), comm=comm)
+    return mpijax.allreduce(jnp.sum((x - mean) ** 2), MPI.SUM, comm=comm)
+
+
+def _root_parameters_fit_every_rank(x, comm):
+    p = mpijax.varying(mpijax.bcast(x, 0, comm=comm), comm=comm)
+    return mpijax.allreduce(jnp.sum((p * DATA[RANK] - 1.0) ** 2), MPI.SUM, comm=comm)
+
+
+def _next_ranks_row(x, comm):
+    rows = mpijax.varying(mpijax.allgather(x, comm=comm), comm=comm)
+    return mpijax.allreduce(jnp.sum(jnp.sin(rows[NEXT]) * DATA[RANK]), MPI.SUM, comm=comm)
+
+
+REPLICATED_INTO_LOCAL = {
+    "variance": (_variance, lambda xs: np.sum((np.concatenate(xs) - np.mean(np.concatenate(xs))) ** 2)),
+    "bcast parameters": (
+        _root_parameters_fit_every_rank,
+        lambda xs: sum(np.sum((xs[0] * DATA[r] - 1.0) ** 2) for r in range(SIZE)),
+    ),
+    "allgather row": (
+        _next_ranks_row,
+        lambda xs: sum(np.sum(np.sin(xs[(r + 1) % SIZE]) * DATA[r]) for r in range(SIZE)),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", REPLICATED_INTO_LOCAL)
+def test_varying_sums_the_cotangents_of_a_replicated_value(comm, name, mode):
+    f, reference = REPLICATED_INTO_LOCAL[name]
+    xs = [np.random.default_rng([5, r]).normal(size=N) for r in range(SIZE)]
+
+    def moved(r, j, h):
+        return [x + h * (s == r) * np.eye(N)[j] for s, x in enumerate(xs)]
+
+    fd = [(reference(moved(RANK, j, H)) - reference(moved(RANK, j, -H))) / (2 * H) for j in range(N)]
+    loss = functools.partial(f, comm=comm)
+    assert_close(MODES[mode](jax.grad(loss))(jnp.asarray(xs[RANK])), fd, rtol=1e-6, atol=1e-7)
+    # Forward mode needs no mark, and the mark changes nothing there.
+    vs = [np.random.default_rng([6, r]).normal(size=N) for r in range(SIZE)]
+    _, tangent = MODES[mode](lambda x, v: jax.jvp(loss, (x,), (v,)))(jnp.asarray(xs[RANK]), jnp.asarray(vs[RANK]))
+    plus = reference([x + H * v for x, v in zip(xs, vs, strict=True)])
+    minus = reference([x - H * v for x, v in zip(xs, vs, strict=True)])
+    assert_close(tangent, (plus - minus) / (2 * H), rtol=1e-6, atol=1e-7)
+
+
+def test_varying_under_vmap_and_its_transposes(comm):
+    """vmap of the marked gradient against each batch entry, and the
+    mark's transpose is the sum over ranks (its own transpose the mark)."""
+    xs = np.stack([np.random.default_rng([8, r]).normal(size=(2, N)) for r in range(SIZE)])
+    grads = jax.jit(jax.vmap(jax.grad(functools.partial(_variance, comm=comm))))(jnp.asarray(xs[RANK]))
+    for b in range(2):
+        spread = np.concatenate(xs[:, b])
+        assert_close(grads[b], 2 * (xs[RANK, b] - spread.mean()), rtol=1e-10)
+    mark = functools.partial(mpijax.varying, comm=comm)
+    x = jnp.asarray(xs[RANK, 0])
+    (summed,) = jax.linear_transpose(mark, x)(x)
+    assert_close(summed, xs[:, 0].sum(axis=0), rtol=1e-12)
+    (back,) = jax.linear_transpose(lambda y: jax.linear_transpose(mark, x)(y)[0], x)(x)
+    assert_close(back, xs[RANK, 0], rtol=1e-12)

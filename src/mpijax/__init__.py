@@ -19,7 +19,7 @@ from ._src.ops.collectives import (
 from ._src.ops.neighbors import cart_neighbors, halo_exchange, neighbor_exchange
 from ._src.ops.nonblocking import Request, ineighbor_exchange, irecv, isend, started, wait
 from ._src.ops.point_to_point import recv, send, sendrecv
-from ._src.ops.reductions import allreduce, exscan, reduce, reduce_scatter, scan, tree_allreduce
+from ._src.ops.reductions import allreduce, exscan, reduce, reduce_scatter, scan, tree_allreduce, varying
 from ._src.runtime import call_stats, has_cuda_support, has_sycl_support, set_check, set_cuda_aware, set_timeout
 from ._src.seed_api import Allreduce, Recv, Send, Sendrecv  # mpi4jax 0.2
 
@@ -64,5 +64,6 @@ __all__ = [
     "set_timeout",
     "started",
     "tree_allreduce",
+    "varying",
     "wait",
 ]

@@ -245,6 +245,16 @@ def tree_allreduce(tree, op, *, comm=None):
     return structure.unflatten(reduced)
 
 
+def varying(x, *, comm=None):
+    """`x` itself, marked as a value that every rank holds alike (a result of
+    allreduce, bcast or allgather) and that feeds work differing by rank:
+    reverse-mode derivatives then sum its cotangents over the ranks, where
+    they would otherwise count only this rank's (docs/autodiff.md). JAX's
+    shard_map does this itself (pvary); an MPI program has to say so."""
+    x, comm = dtypes.array(x, "varying"), _comm.resolve(comm, "varying")
+    return allreduce_adjoint_p.bind(x, comm=comm.id)
+
+
 def reduce(x, op, root, *, comm=None, token=validation.NOTSET):
     """Reduce `x` element-wise over all ranks onto `root`. Off the root, `x`
     is returned unchanged."""
