@@ -2,11 +2,13 @@
 # example (the version that uses comm.Clone()). Apart from the import line,
 # the docs' snippet omits the peer ranks, which mpi4jax and mpi4py both
 # require: they are added here, pairing ranks 0-1, 2-3, ... Each receiver
-# checks what it got against what its sender made.
+# checks what it got against what its sender made, and every rank waits for
+# its queued mpijax calls before it frees their communicator.
 import numpy as np
 import jax.numpy as jnp
 
 from mpi4py import MPI
+import mpijax
 from mpijax import tokens as mpi4jax  # was: import mpi4jax
 
 comm = MPI.COMM_WORLD
@@ -36,4 +38,5 @@ else:
     assert np.array_equal(arr, sent_np), "mpi4py received other data"
     print(f"rank {rank}: received from rank {rank - 1} what it sent, through mpijax and mpi4py")
 
+mpijax.wait()  # added: the send may still be queued
 comm_jax.Free()
