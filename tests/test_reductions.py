@@ -133,6 +133,20 @@ def test_16bit_floats_reduce_in_16bit(comm, mode, name, dtype, op):
     assert_equal(result, expected(name, op, xs, SIZE - 1))
 
 
+@pytest.mark.skipif(SIZE == 1, reason="a NaN meets other ranks' values from 2 ranks on")
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["MAX", "MIN"])
+def test_max_and_min_need_not_carry_a_nan(comm, dtype, op):
+    """MPI's MAX and MIN (and mpijax's own for 16-bit floats, which compare
+    alike) do not propagate a NaN as jnp.max does: with the NaN on one rank
+    after another, some placement loses it. README says so."""
+    kept = []
+    for holder in range(SIZE):
+        x = jnp.full(3, jnp.nan if RANK == holder else 1.0 + RANK, dtype)
+        kept.append(bool(np.isnan(np.asarray(mpijax.allreduce(x, getattr(MPI, op), comm=comm), np.float32)).all()))
+    assert not all(kept), kept
+
+
 @checkerboard(
     3,
     dtype=["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"],
