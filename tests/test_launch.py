@@ -227,6 +227,36 @@ def test_one_rank_traces_before_any_mpijax_call(tmp_path, timeout):
         assert (tmp_path / f"total.{rank}").read_text() == "[0.0, 3.0, 6.0]"
 
 
+def test_user_communicators_and_world_right_after_import(tmp_path):
+    """Right after the import, the user's own communicator constructors and
+    mpijax's nonblocking collectives on COMM_WORLD itself (under the
+    watchdog): with mpijax's duplication of COMM_WORLD still pending there,
+    Open MPI 4.1 hung in the first and corrupted memory in the second, in most
+    runs. Three rounds per job, to meet it."""
+    program = """
+        from mpi4py import MPI
+        import jax
+        import jax.numpy as jnp
+        import mpijax
+        world = MPI.COMM_WORLD
+        node = world.Split_type(MPI.COMM_TYPE_SHARED)
+        cart = world.Create_cart([world.Get_size()], periods=[True])
+        def step(i, x):
+            return mpijax.allreduce(x, MPI.SUM, comm=world) / 3
+        steps = jax.jit(lambda x: jax.lax.fori_loop(0, 200, step, x))
+        total = [float(steps(jnp.ones(())).block_until_ready()) for _ in range(3)]
+        with open(f"total.{world.Get_rank()}", "w") as out:
+            out.write(str(total))
+        node.Free()
+        cart.Free()
+        """
+    for _ in range(3):
+        result = mpirun(tmp_path, program, n=3, env={"MPIJAX_TIMEOUT": "30"}, timeout=120)
+        assert result.returncode == 0, result.stderr
+        for rank in range(3):
+            assert (tmp_path / f"total.{rank}").read_text() == str([1.0] * 3)
+
+
 @pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])
 def test_debug_environment_variable(tmp_path, variable):
     program = """

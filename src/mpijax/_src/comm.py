@@ -1,7 +1,5 @@
 """Communicators: the default one, and the small ids that compiled programs carry."""
 
-import atexit
-import sys
 import time
 from typing import NamedTuple
 
@@ -17,55 +15,45 @@ class CommInfo(NamedTuple):
 
 
 _infos: dict[int, CommInfo] = {}
-_default = None
 
 
-# Every rank starts duplicating COMM_WORLD when it imports mpijax, and the
-# first use of the default communicator waits for it: so a rank whose first
-# use is tracing alone, while the others are elsewhere, finds their part of
-# this collective made already (any MPI call of theirs moves it on), instead
-# of waiting for them to make it.
-_duplicating = MPI.COMM_WORLD.Idup() if MPI.Is_initialized() and not MPI.Is_finalized() else None
+def _duplicate_world(op):
+    """A duplicate of COMM_WORLD with errors returned, so that mpijax's
+    messages never match the user's own mpi4py messages. Collective: under
+    the watchdog it is nonblocking, and bounded like any other call."""
+    world = MPI.COMM_WORLD
+    timeout = core.timeout()
+    if timeout > 0:
+        comm, request = world.Idup()
+        deadline = time.monotonic() + timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"mpijax.{op} on rank {world.Get_rank()} of {world.Get_size()} timed out after "
+                    f"{timeout:g} s (MPIJAX_TIMEOUT) waiting for the other ranks of COMM_WORLD to "
+                    "create mpijax's default communicator (each rank does when it imports mpijax)"
+                )
+            time.sleep(0)  # ranks may share cores
+    else:
+        comm = world.Dup()
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
+
+
+# Made when mpijax is imported, as MPI_Init is when mpi4py is: every rank
+# imports it, at the same point of an SPMD program. Made at first use, a rank
+# whose first use were tracing alone would wait for the others to make it;
+# started at import but completed later, it raced Open MPI 4.1's blocking
+# communicator constructors (a user's Split_type could hang).
+_default = _duplicate_world("import") if MPI.Is_initialized() and not MPI.Is_finalized() else None
 
 
 def default_comm(op="default_comm"):
-    """mpijax's private duplicate of COMM_WORLD, so that its messages never
-    match the user's own mpi4py messages. Under the watchdog the wait for it
-    is bounded like any other call."""
-    global _default, _duplicating
-    if _default is None:
-        if _duplicating is None:  # MPI was initialised after mpijax was imported
-            _duplicating = MPI.COMM_WORLD.Idup()
-        comm, request = _duplicating
-        timeout = core.timeout()
-        if timeout > 0:
-            deadline = time.monotonic() + timeout
-            while not request.Test():
-                if time.monotonic() > deadline:
-                    world = MPI.COMM_WORLD
-                    raise TimeoutError(
-                        f"mpijax.{op} on rank {world.Get_rank()} of {world.Get_size()} timed out after "
-                        f"{timeout:g} s (MPIJAX_TIMEOUT) waiting for the other ranks of COMM_WORLD to "
-                        "create mpijax's default communicator (each rank starts it when it imports mpijax)"
-                    )
-                time.sleep(0)  # ranks may share cores
-        else:
-            request.Wait()
-        _duplicating = None
-        comm.Set_errhandler(MPI.ERRORS_RETURN)
-        _default = comm
+    """mpijax's private duplicate of COMM_WORLD."""
+    global _default
+    if _default is None:  # MPI was initialised after mpijax was imported
+        _default = _duplicate_world(op)
     return _default
-
-
-@atexit.register
-def _finish_duplicating():
-    """Open MPI 4.1 crashes in MPI_Finalize (which mpi4py calls after every
-    atexit function) while the duplication is still pending."""
-    if _duplicating is not None:
-        try:
-            default_comm("exit")
-        except TimeoutError as error:
-            print(f"mpijax: {error}", file=sys.stderr)
 
 
 def resolve(comm, op):
