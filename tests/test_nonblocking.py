@@ -287,6 +287,14 @@ def test_errors(comm):
         mpijax.wait([jnp.zeros(2)])
     with pytest.raises(TypeError, match="expected mpijax Requests .* got int"):
         mpijax.wait(3)
+    xs = jnp.arange(6.0).reshape(2, 3) + 10 * RANK
+    requests = jax.vmap(lambda x: [mpijax.irecv(jnp.zeros_like(x), PREV, comm=comm), mpijax.isend(x, NEXT, comm=comm)])(
+        xs
+    )
+    with pytest.raises(ValueError, match="started under jax.vmap and left it"):
+        mpijax.wait(requests)
+    received, _ = jax.vmap(mpijax.wait)(requests)
+    assert_equal(received, np.arange(6.0).reshape(2, 3) + 10 * PREV)
     with pytest.raises(TypeError, match="after= needs requests"):
         mpijax.wait(after=jnp.zeros(2))
     request = mpijax.ineighbor_exchange([jnp.ones(2)], [RANK], [RANK], comm=comm)

@@ -173,6 +173,11 @@ def _requests(requests, op):
                 f"mpijax.{op}: expected mpijax Requests (from isend, irecv or ineighbor_exchange), "
                 f"got {type(r).__name__}"
             )
+        if jnp.shape(r.id) != ():  # vmap returned it batched: one request, not one per entry
+            raise ValueError(
+                f"mpijax.{op}: this request was started under jax.vmap and left it; "
+                "wait for it under the same vmap"
+            )
     return single, requests
 
 
