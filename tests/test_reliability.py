@@ -160,6 +160,17 @@ def test_check_mode_raises_on_jaxs_fast_path_too(comm, check):
 
 
 @needs_two
+def test_check_mode_catches_a_jacobian_over_ranks_of_different_sizes(comm, check):
+    """jacfwd vmaps over each rank's own input; with counts that differ by rank
+    the ranks batch their calls differently (docs/autodiff.md, footnote 1)."""
+    counts = tuple(2 if r % 2 == 0 else 0 for r in range(SIZE))
+    x = jnp.ones((counts[RANK], 2))
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="check mode: the ranks disagree"):
+        jax.block_until_ready(jax.jacfwd(lambda x: mpijax.allgatherv(x, counts, comm=comm))(x))
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@needs_two
 @pytest.mark.parametrize("checked", [False, True], ids=["plain", "check_mode"])
 @pytest.mark.parametrize("mode", MODES)
 def test_receives_into_larger_buffers_with_and_without_check_mode(comm, checked, mode):
