@@ -66,13 +66,15 @@ def test_peer_and_tag_out_of_range(comm, mode, call, match):
     [("complex64", "MAX"), ("complex128", "MIN"), ("bool", "SUM"), ("bool", "MAX"), ("float32", "BAND"),
      ("float16", "LAND"), ("bfloat16", "BXOR"), ("complex64", "LOR")],
 )  # fmt: skip
-@pytest.mark.parametrize("name", ["allreduce", "reduce", "scan"])
+@pytest.mark.parametrize("name", ["allreduce", "reduce", "scan", "tree_allreduce"])
 def test_op_not_defined_for_dtype(comm, mode, dtype, op, name):
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     x = jnp.zeros(3, dt)
     args = (0,) if name == "reduce" else ()
+    if name == "tree_allreduce":  # the leaf's dtype among others
+        x = {"leaf": x, "other": jnp.zeros(2, jnp.int32)}
     f = lambda x: getattr(mpijax, name)(x, getattr(MPI, op), *args, comm=comm)  # noqa: E731
-    raises_everywhere(mode, f, TypeError, rf"op=MPI.{op} is not defined for dtype {dtype}", x)
+    raises_everywhere(mode, f, TypeError, rf"mpijax\.{name}: op=MPI.{op} is not defined for dtype {dtype}", x)
 
 
 @pytest.mark.parametrize("bad", ["sum", 0, None, MPI.MAXLOC, MPI.REPLACE])

@@ -175,8 +175,7 @@ def _requests(requests, op):
             )
         if jnp.shape(r.id) != ():  # vmap returned it batched: one request, not one per entry
             raise ValueError(
-                f"mpijax.{op}: this request was started under jax.vmap and left it; "
-                "wait for it under the same vmap"
+                f"mpijax.{op}: this request was started under jax.vmap and left it; wait for it under the same vmap"
             )
     return single, requests
 

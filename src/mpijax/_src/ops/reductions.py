@@ -238,7 +238,8 @@ def tree_allreduce(tree, op, *, comm=None):
         by_dtype.setdefault(leaf.dtype, []).append(i)
     reduced = [None] * len(leaves)
     for members in by_dtype.values():
-        flat = allreduce(jnp.concatenate([leaves[i].ravel() for i in members]), op, comm=comm)
+        flat, info, code = _prepare(jnp.concatenate([leaves[i].ravel() for i in members]), op, comm, "tree_allreduce")
+        (flat,) = allreduce_p.bind(flat, comm=info.id, op=code)
         ends = np.cumsum([leaves[i].size for i in members])
         for i, end in zip(members, ends, strict=True):
             reduced[i] = flat[end - leaves[i].size : end].reshape(leaves[i].shape)
