@@ -318,12 +318,22 @@ def test_watchdog_lets_calls_that_complete_through(comm, timeout):
     assert_equal(f(x), np.sum(all_data((1000,), "float64"), axis=0))
 
 
+# Each setter, a value to set, and the value to restore (what the other ranks keep).
+SETTERS = {
+    "set_timeout": (mpijax.set_timeout, lambda: 0.5, core.timeout),
+    "set_check": (mpijax.set_check, lambda: not core.check(), core.check),
+}
+
+
 @needs_two
-def test_set_timeout_leaves_queued_calls_the_setting_they_were_dispatched_under(comm):
+@pytest.mark.parametrize("setter", SETTERS)
+def test_setters_leave_queued_calls_the_setting_they_were_dispatched_under(comm, setter):
     """The second receive is queued behind the first, and its message comes
-    2 s later: run under the 0.5 s timeout set meanwhile, it would time out
+    2 s later. Run under the 0.5 s timeout set meanwhile, it would time out
     (and a queued collective could run its nonblocking form against the
-    other ranks' blocking one, which MPI never matches)."""
+    other ranks' blocking one, which MPI never matches); run in check mode
+    against a plain send, it would take the send for the agreement's message."""
+    set_to, value, current = SETTERS[setter]
     x = jnp.zeros(3)
     if RANK == 0:
         # XLA:CPU runs a cheap program in the dispatching thread; a matrix
@@ -334,43 +344,15 @@ def test_set_timeout_leaves_queued_calls_the_setting_they_were_dispatched_under(
             return mpijax.recv(x, 1, tag=1, comm=comm), mpijax.recv(x, 1, tag=2, comm=comm), m @ m
 
         f = jax.jit(receive_two).lower(x, m).compile()
-        previous = core.timeout()  # what the other ranks keep
+        previous = current()
         received = f(x, m)
         start = time.perf_counter()
-        mpijax.set_timeout(0.5)
+        set_to(value())
         try:
-            assert time.perf_counter() - start > 1.0, "set_timeout returned before the queued receives ran"
+            assert time.perf_counter() - start > 1.0, f"{setter} returned before the queued receives ran"
             assert_equal(received[1], np.full(3, 2.0))
         finally:
-            mpijax.set_timeout(previous)
-    elif RANK == 1:
-        mpijax.send(x + 1, 0, tag=1, comm=comm)
-        time.sleep(2.0)
-        mpijax.send(x + 2, 0, tag=2, comm=comm)
-    mpijax.wait()
-
-
-@needs_two
-def test_set_check_leaves_queued_calls_the_setting_they_were_dispatched_under(comm):
-    """As for set_timeout: the second receive, queued, run in check mode
-    against a plain send, would take the send for the agreement's message."""
-    x = jnp.zeros(3)
-    previous = core.check()
-    if RANK == 0:
-        m = jnp.ones((256, 256))  # runs the program behind the dispatch (above)
-
-        def receive_two(x, m):
-            return mpijax.recv(x, 1, tag=1, comm=comm), mpijax.recv(x, 1, tag=2, comm=comm), m @ m
-
-        f = jax.jit(receive_two).lower(x, m).compile()
-        received = f(x, m)
-        start = time.perf_counter()
-        mpijax.set_check(not previous)
-        try:
-            assert time.perf_counter() - start > 1.0, "set_check returned before the queued receives ran"
-            assert_equal(received[1], np.full(3, 2.0))
-        finally:
-            mpijax.set_check(previous)
+            set_to(previous)
     elif RANK == 1:
         mpijax.send(x + 1, 0, tag=1, comm=comm)
         time.sleep(2.0)

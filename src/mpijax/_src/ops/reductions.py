@@ -223,7 +223,11 @@ def allreduce(x, op, *, comm=None, token=validation.NOTSET):
     """Reduce `x` element-wise over all ranks with `op` (an MPI.Op such as
     MPI.SUM); every rank gets the result."""
     validation.no_token(token, "allreduce")
-    x, comm, code = _prepare(x, op, comm, "allreduce")
+    return _allreduce(x, op, comm, "allreduce")
+
+
+def _allreduce(x, op, comm, name):
+    x, comm, code = _prepare(x, op, comm, name)
     return allreduce_p.bind(x, comm=comm.id, op=code)[0]
 
 
@@ -238,8 +242,7 @@ def tree_allreduce(tree, op, *, comm=None):
         by_dtype.setdefault(leaf.dtype, []).append(i)
     reduced = [None] * len(leaves)
     for members in by_dtype.values():
-        flat, info, code = _prepare(jnp.concatenate([leaves[i].ravel() for i in members]), op, comm, "tree_allreduce")
-        (flat,) = allreduce_p.bind(flat, comm=info.id, op=code)
+        flat = _allreduce(jnp.concatenate([leaves[i].ravel() for i in members]), op, comm, "tree_allreduce")
         ends = np.cumsum([leaves[i].size for i in members])
         for i, end in zip(members, ends, strict=True):
             reduced[i] = flat[end - leaves[i].size : end].reshape(leaves[i].shape)
