@@ -38,6 +38,12 @@ struct CallInfo {
   const int64_t* counts = nullptr;
   const int64_t* recv_counts = nullptr;
   int64_t num_counts = 0;
+  // Calls of several messages (neighbor_exchange, start, wait), for the log:
+  // the ranks they send to and receive from, in order. Null otherwise.
+  const int64_t* to = nullptr;
+  int64_t num_to = 0;
+  const int64_t* from = nullptr;
+  int64_t num_from = 0;
   // Whether check mode agrees on the call first: not for neighbor_exchange,
   // whose messages go to several peers at once and are checked by size always.
   bool checked = true;

@@ -433,6 +433,13 @@ MPIJAX_OP(Sendrecv, "sendrecv",
 
 using Ints = ffi::Span<const int64_t>;
 
+void Peers(CallInfo& info, Ints to, Ints from) {
+  info.to = to.begin();
+  info.num_to = static_cast<int64_t>(to.size());
+  info.from = from.begin();
+  info.num_from = static_cast<int64_t>(from.size());
+}
+
 // Narrows `info` to the message at fault: `failed` indexes the receives, then
 // the sends (mpi::NeighborExchange, mpi::Finish); -1 blames none.
 void Blame(CallInfo& info, const std::vector<mpi::Transfer>& recvs,
@@ -501,6 +508,7 @@ ffi::Error NeighborExchange(typename Memory::Context ctx, ffi::RemainingArgs arg
   CallInfo info;
   info.op = "neighbor_exchange";
   info.checked = false;
+  Peers(info, dests, sources);
   const size_t n_send = dests.size(), n_recv = sources.size();
   if (args.size() != n_send + 1 || rets.size() != n_recv + 1 || sendtags.size() != n_send ||
       recvtags.size() != n_recv) {
@@ -588,6 +596,7 @@ ffi::Error Halo(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
   CallInfo info;
   info.op = "halo_exchange";
   info.checked = false;
+  Peers(info, dests, sources);
   const size_t n = field.size(), n_fields = args.size() - 1, k = static_cast<size_t>(axes);
   bool valid = rets.size() == args.size() && axes > 0 && rounds.size() == n &&
                sources.size() == n && dests.size() == n && tags.size() == n &&
@@ -705,6 +714,7 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
   CallInfo info;
   info.op = "start";
   info.checked = false;
+  Peers(info, dests, sources);
   const size_t n_send = dests.size(), n_recv = sources.size();
   if (args.size() != n_send + n_recv + (guarded ? 2 : 1) || rets.size() != 2 ||
       recv_bytes.size() != n_recv) {
@@ -713,8 +723,10 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
   std::vector<ffi::AnyBuffer> send;
   for (size_t i = 0; i < n_send; ++i) {
     send.push_back(*args.get<ffi::AnyBuffer>(i));
+    info.count += static_cast<int64_t>(send.back().element_count());
     info.bytes += static_cast<int64_t>(send.back().size_bytes());
   }
+  if (!send.empty()) info.dtype = ElementOf(send[0].element_type()).name;
   ffi::Result<ffi::AnyBuffer> id = *rets.get<ffi::AnyBuffer>(0);
   return Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
     if (guarded) {
@@ -780,6 +792,7 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
     return ffi::Error::InvalidArgument("mpijax.wait: the counts do not match the operands");
   }
   std::string missing;
+  std::vector<int64_t> from;  // the log's list of peers
   const ffi::Error error = Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm&, Memory& m) {
     size_t next = 0;
     for (size_t k = 0; k < ids.size(); ++k) {
@@ -804,6 +817,14 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
           missing = "the results do not match the pending receives";
           return MPI_SUCCESS;
         }
+        for (const mpi::Transfer& r : p->recvs) {
+          from.push_back(r.peer);
+          if (r.peer != MPI_PROC_NULL) info.bytes += r.count;
+        }
+        info.count = info.bytes;  // received as bytes (MPI_BYTE)
+        info.dtype = "byte";
+        info.from = from.data();
+        info.num_from = static_cast<int64_t>(from.size());
       }
       for (int64_t i = 0; i < counts[k]; ++i, ++next) {
         void* out = m.Out(*outs[next]);

@@ -1,5 +1,7 @@
 #include "log.h"
 
+#include <mpi.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +29,15 @@ void Append(std::string& line, const char* key, int value) {
   line += std::to_string(value);
 }
 
+void Append(std::string& line, const char* key, const int64_t* ranks, int64_t n) {
+  if (n == 0) return;
+  line += " | ";
+  line += key;
+  for (int64_t i = 0; i < n; ++i) {
+    line += ranks[i] == MPI_PROC_NULL ? std::string(" null") : ' ' + std::to_string(ranks[i]);
+  }
+}
+
 }  // namespace
 
 bool LogEnabled() { return enabled.load(std::memory_order_relaxed); }
@@ -40,6 +51,8 @@ void LogCall(const CallInfo& call, int rank, double seconds, int error_code) {
   Append(line, "source", call.source);
   Append(line, "sendtag", call.send_tag);
   Append(line, "recvtag", call.recv_tag);
+  Append(line, "to", call.to, call.num_to);
+  Append(line, "from", call.from, call.num_from);
   char tail[128];
   std::snprintf(tail, sizeof tail, " | %lld x %s | %lld B | %.2f us%s\n",
                 static_cast<long long>(call.count), call.dtype, static_cast<long long>(call.bytes),

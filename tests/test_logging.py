@@ -64,6 +64,27 @@ def test_send_recv_and_dtype_names(comm, log):
     assert re.fullmatch(rf"mpijax r{RANK} \| recv \| source {RANK} \| recvtag 9 \| 6 x bfloat16 \| 12 B \| .* us", recv)
 
 
+def test_calls_of_several_messages_list_their_peers(comm, log):
+    """neighbor_exchange, and the start and wait of isend and irecv: `to` and
+    `from` list the peers in order, MPI_PROC_NULL as null; a wait counts the
+    bytes it received."""
+    x = jnp.ones(5, jnp.float32)
+    mpijax.neighbor_exchange([x, x], [PREV, MPI.PROC_NULL], [NEXT, MPI.PROC_NULL], comm=comm)
+    send = mpijax.isend(x, NEXT, tag=3, comm=comm)
+    recv = mpijax.irecv(x, PREV, tag=3, comm=comm)
+    mpijax.wait([send, recv])
+    exchange, start_send, start_recv, wait = log()
+    number = r"\d+\.\d+ us"
+    assert re.fullmatch(
+        rf"mpijax r{RANK} \| neighbor_exchange \| to {NEXT} null \| from {PREV} null "
+        rf"\| 10 x float32 \| 40 B \| {number}",
+        exchange,
+    )
+    assert re.fullmatch(rf"mpijax r{RANK} \| start \| to {NEXT} \| 5 x float32 \| 20 B \| {number}", start_send)
+    assert re.fullmatch(rf"mpijax r{RANK} \| start \| from {PREV} \| 0 x - \| 0 B \| {number}", start_recv)
+    assert re.fullmatch(rf"mpijax r{RANK} \| wait \| from {PREV} \| 20 x byte \| 20 B \| {number}", wait)
+
+
 def test_reductions_name_their_op(comm, log):
     """Predefined ops by their mpi4py name, user-defined ones by registry id."""
     user = MPI.Op.Create(lambda a, b, datatype: None, commute=True)  # leaves b: the result is x
