@@ -187,11 +187,13 @@ def main():
     args = parser.parse_args()
 
     world = MPI.COMM_WORLD
-    cart = world.Create_cart(MPI.Compute_dims(world.size, 2), periods=[False, False])
+    dims = MPI.Compute_dims(world.size, 2)
+    if args.n < max(dims):
+        parser.error(f"--n {args.n} leaves some of the {dims[0]} x {dims[1]} blocks without cells")
+    cart = world.Create_cart(dims, periods=[False, False])
     comms = mpijax_comms(cart)
     say = print if cart.rank == 0 else lambda *a: None
     theta, problem = setup(args.n, cart)
-    dims = cart.Get_topo()[0]
     say(f"{cart.size} rank(s), {dims[0]} x {dims[1]} blocks of about {args.n // dims[0]} x {args.n // dims[1]} cells")
 
     solve_jit = jax.jit(lambda theta: solve(theta, problem, comms, args.tol, args.maxiter))

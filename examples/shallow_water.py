@@ -198,12 +198,14 @@ def main():
     parser.add_argument("--out", default="shallow_water.png", help="picture of the final height")
     parser.add_argument("--animate", action="store_true", help="also write an animation, the PNG's name with .gif")
     args = parser.parse_args()
+    if not (args.days > 0 and args.every > 0):
+        parser.error("--days and --every must be positive")
 
     comm = MPI.COMM_WORLD
     cfg = Config(n=args.n)
     cart, rows, cols = decompose(comm, cfg.n)
     rank0 = cart.Get_rank() == 0
-    loop, chunk = time_loop(cfg, cart, args.every)
+    loop, chunk = time_loop(cfg, cart, min(args.every, args.days))
     chunks = max(1, round(args.days * DAY / (chunk * cfg.dt)))
 
     def say(*what):

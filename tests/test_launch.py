@@ -286,16 +286,25 @@ def test_readme_example(tmp_path):
 def test_the_shallow_water_example_writes_its_pictures(tmp_path):
     """The job of the README's first command, small: rank 0 reports the
     decomposition, progress and steps per second and writes the picture and
-    the animation; the other rank prints nothing."""
-    args = ["--n", "32", "--days", "0.5", "--animate"]
+    the animation; the other rank prints nothing. --every longer than --days
+    runs --days."""
+    args = ["--n", "32", "--days", "0.5", "--every", "1", "--animate"]
     result, out = run_example(tmp_path, ROOT / "examples" / "shallow_water.py", args=args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.match(r"32 x 32 cells on 2 x 1 ranks \(cpu\), \d+ steps of \d+ s\n", out[0]), out[0]
     assert re.search(r"^day  0\.\d+ +\d+ steps/s  energy change [-+]\d\.\de-\d+  mass change", out[0], re.M), out[0]
+    assert re.search(r"^day  0\.50 .*\n.* steps/s \(", out[0], re.M), out[0]
     assert "wrote shallow_water.png\nwrote shallow_water.gif\n" in out[0], out[0]
     assert out[1] == ""
     assert (tmp_path / "shallow_water.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "shallow_water.gif").read_bytes()[:4] == b"GIF8"
+
+
+def test_the_poisson_example_refuses_a_grid_smaller_than_the_ranks(tmp_path):
+    result, _ = run_example(tmp_path, ROOT / "examples" / "poisson_cg.py", n=3, args=["--n", "2"])
+    assert result.returncode != 0
+    assert "--n 2 leaves some of the 3 x 1 blocks without cells" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build a stand-in MPI library")
