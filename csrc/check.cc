@@ -56,7 +56,7 @@ std::string Array(const Signature& s) {
 std::string Collective(const Signature& s) {
   std::string text = s.op;
   if (s.reduction != kUnset) text += "(" + ReductionLabel(s.reduction) + ")";
-  text += " of " + Array(s);
+  if (std::strcmp(s.dtype, "-") != 0) text += " of " + Array(s);  // a barrier moves no data
   if (s.root != kUnset) text += " with root " + std::to_string(s.root);
   return text;
 }

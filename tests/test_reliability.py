@@ -123,6 +123,10 @@ MISMATCHES = {
         lambda comm: mpijax.allgather(X4, comm=comm) if RANK == 1 else mpijax.allreduce(X4, MPI.SUM, comm=comm),
         r"rank 1 called allgather of float32\[4\]",
     ),
+    "barrier": (
+        lambda comm: mpijax.barrier(comm=comm) if RANK == 1 else mpijax.allreduce(X4, MPI.SUM, comm=comm),
+        r"rank 1 called barrier(;|$)",
+    ),
     # Rank 1 passes the root's whole array as its template, where MPI alone
     # would leave the result's rows past the first as they were.
     "scatter template": (
