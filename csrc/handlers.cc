@@ -752,7 +752,10 @@ ffi::Error Start(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rem
                          static_cast<int>(recvtags[i])});
     }
     int failed = -1;
-    if (int rc = mpi::Post(p.recvs, p.sends, c.handle, &p.requests, &failed)) return rc;
+    if (int rc = mpi::Post(p.recvs, p.sends, c.handle, &p.requests, &failed)) {
+      Blame(info, p.recvs, p.sends, failed);
+      return rc;
+    }
     const auto kept = static_cast<float>(Keep(std::move(p)) | (derivative ? kDifferentiated : 0));
     m.Copy(m.Out(*id), &kept, sizeof kept);
     return MPI_SUCCESS;
