@@ -12,6 +12,9 @@ namespace {
 template <class Handle>
 class Table {
  public:
+  // `null`, never registered, marks a retired id.
+  explicit Table(Handle null) : null_(null) {}
+
   int64_t Register(Handle handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i = 0; i < handles_.size(); ++i) {
@@ -28,9 +31,17 @@ class Table {
 
   bool Lookup(int64_t id, Handle* handle) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (id < 0 || id >= static_cast<int64_t>(handles_.size())) return false;
+    if (id < 0 || id >= static_cast<int64_t>(handles_.size()) || handles_[id] == null_) {
+      return false;
+    }
     *handle = handles_[id];
     return true;
+  }
+
+  // `id` names nothing from now on.
+  void Retire(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (id >= 0 && id < static_cast<int64_t>(handles_.size())) handles_[id] = null_;
   }
 
  private:
@@ -41,17 +52,25 @@ class Table {
 
   std::mutex mutex_;
   std::vector<Handle> handles_;
+  const Handle null_;
 };
 
 // Never destroyed: handlers may run after static destructors.
 Table<MPI_Comm>& Comms() {
-  static auto* comms = new Table<MPI_Comm>();
+  static auto* comms = new Table<MPI_Comm>(MPI_COMM_NULL);
   return *comms;
 }
 
 Table<MPI_Op>& Ops() {
-  static auto* ops = new Table<MPI_Op>();
+  static auto* ops = new Table<MPI_Op>(MPI_OP_NULL);
   return *ops;
+}
+
+// MPI_Comm_free: a program compiled for the communicator must not reach the
+// handle, which MPI may give to the next communicator it makes.
+int RetireComm(MPI_Comm, int, void* attribute, void*) {
+  Comms().Retire(static_cast<int64_t>(reinterpret_cast<intptr_t>(attribute)));
+  return MPI_SUCCESS;
 }
 
 int FreeReversed(MPI_Comm, int, void* attribute, void*) {
@@ -65,13 +84,14 @@ int FreeReversed(MPI_Comm, int, void* attribute, void*) {
 
 // A communicator keeps its id as an attribute. One that is freed and one made
 // later may share a handle but not the attribute, so the new one gets a new
-// id: compiled programs and JAX's caches (keyed by the id, and holding the
-// old one's size in their shapes) never run on it.
+// id, and the old id is retired when the attribute is deleted: compiled
+// programs and JAX's caches (keyed by the id, and holding the old one's size
+// in their shapes) never run on the new one.
 int64_t RegisterComm(MPI_Comm comm) {
   if (comm == MPI_COMM_NULL) throw std::invalid_argument("cannot register MPI_COMM_NULL");
   static const int keyval = [] {
     int key = MPI_KEYVAL_INVALID;
-    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, MPI_COMM_NULL_DELETE_FN, &key, nullptr);
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, RetireComm, &key, nullptr);
     return key;
   }();
   void* attribute = nullptr;

@@ -37,7 +37,10 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
   Comm comm{};
   if (!LookupComm(comm_id, &comm.handle)) {
     return xla::ffi::Error::InvalidArgument("mpijax." + std::string(info.op) +
-                                            ": unknown communicator id " + std::to_string(comm_id));
+                                            ": its communicator (id " + std::to_string(comm_id) +
+                                            ") is gone: freed since the program was traced (a "
+                                            "compiled program runs only while its communicator "
+                                            "lives), or never made in this process");
   }
   MPI_Comm_rank(comm.handle, &comm.rank);
   MPI_Comm_size(comm.handle, &comm.size);

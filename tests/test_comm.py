@@ -100,3 +100,21 @@ def test_ids_are_stable_and_distinct(comm):
         assert (a.rank, a.size) == (RANK, SIZE)
     finally:
         other.Free()
+
+
+def test_a_program_whose_communicator_was_freed_raises(comm):
+    """The compiled program still names the freed communicator's id, whose
+    handle MPI may give to the next communicator it makes (MPICH does): the
+    call raises instead of running on that one, or crashing (Open MPI)."""
+    dup = comm.Dup()
+    f = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=dup))
+    assert_equal(f(jnp.ones(2)), np.full(2, float(SIZE)))
+    mpijax.wait()
+    dup.Free()
+    other = comm.Split(RANK, 0)  # one rank each: a reused handle would give 1, not SIZE
+    try:
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=r"its communicator \(id \d+\) is gone"):
+            jax.block_until_ready(f(jnp.ones(2)))
+        assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=other), np.ones(2))
+    finally:
+        other.Free()
