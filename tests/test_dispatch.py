@@ -17,7 +17,7 @@ from mpi4py import MPI
 import mpijax
 from test_ordering import send_then_recv
 
-from reference import RANK, SIZE, big_vector
+from reference import RANK, SIZE, assert_equal, big_vector
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -67,6 +67,22 @@ def test_jitted_and_eager_mpi_calls_take_the_fast_path(comm, python_dispatches):
             jax.block_until_ready(f(x))
         counts[name] = python_dispatches[0]
     assert counts == {name: 0 if sealed() and name != "ordered io_callback" else 3 for name in callers}
+
+
+def test_eager_calls_keep_a_bounded_number_of_programs(comm):
+    """Each eager call with new parameters (here a tag per iteration) compiles
+    a program; keeping them all grew a process by 1.5 MB per iteration. The
+    most recently used are kept, and reused."""
+    from mpijax._src.ops.point_to_point import sendrecv_p
+    from mpijax._src.primitive import EAGER_PROGRAMS
+
+    x = jnp.arange(3.0) + RANK
+    for tag in range(EAGER_PROGRAMS + 8):
+        assert_equal(mpijax.sendrecv(x, x, PREV, NEXT, sendtag=tag, recvtag=tag, comm=comm), np.arange(3.0) + PREV)
+    assert len(sendrecv_p._eager) == EAGER_PROGRAMS
+    kept = dict(sendrecv_p._eager)
+    mpijax.sendrecv(x, x, PREV, NEXT, sendtag=EAGER_PROGRAMS + 7, recvtag=EAGER_PROGRAMS + 7, comm=comm)
+    assert sendrecv_p._eager == kept  # the last one, reused
 
 
 def test_ahead_of_time_compiled_function_runs_repeatedly(comm, watchdog):

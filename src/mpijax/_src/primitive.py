@@ -65,6 +65,9 @@ def drain():
 atexit.register(drain)
 
 
+EAGER_PROGRAMS = 64  # per primitive: the eager calls' compiled programs kept for reuse
+
+
 class MpiPrimitive(jax_compat.Primitive):
     """A primitive that makes MPI calls. Under differentiation and vmap its
     operands are first aligned with the transformation, so that every rank
@@ -87,11 +90,16 @@ class MpiPrimitive(jax_compat.Primitive):
     def _compiled(self, params):
         """The call alone, jitted: what JAX's eager evaluation runs, without
         its per-call steps (trace lookup, keyword hashing), so an eager MPI
-        call costs about what a jitted one does."""
+        call costs about what a jitted one does. The EAGER_PROGRAMS used last
+        are kept (each holds its compiled programs): a loop over new tags,
+        roots or communicators must not keep one per iteration."""
         key = tuple(sorted(params.items()))
-        compiled = self._eager.get(key)
+        compiled = self._eager.pop(key, None)
         if compiled is None:
-            compiled = self._eager[key] = jax.jit(lambda *args: jax_compat.Primitive.bind(self, *args, **params))
+            compiled = jax.jit(lambda *args: jax_compat.Primitive.bind(self, *args, **params))
+            if len(self._eager) >= EAGER_PROGRAMS:
+                self._eager.pop(next(iter(self._eager)), None)
+        self._eager[key] = compiled  # the dict's order: least recently used first
         return compiled
 
     def bind_with_trace(self, trace, args, *rest):
