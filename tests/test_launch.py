@@ -355,6 +355,21 @@ def test_import_check_with_mpi4py_built_on_another_mpi(tmp_path):
     assert len(libraries) == 2 and libraries[0] != libraries[1], message
 
 
+def test_import_before_mpi_is_initialised_raises():
+    """mpi4py.rc.initialize = False leaves MPI uninitialised: an ImportError
+    saying what to do, not Open MPI's abort of the process."""
+    code = "import mpi4py; mpi4py.rc.initialize = False; import mpijax"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=fresh_job_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("ImportError: mpijax needs MPI initialised when it is imported")
+    ), result.stderr[-2000:]
+
+
 @pytest.mark.parametrize("variable", ["MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"])
 def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
     """Asked for with an MPI that says it cannot move device memory, CUDA-aware

@@ -41,7 +41,9 @@ def check_same_mpi(module_path, module_version):
         if theirs and _same_file(built, theirs):
             raise ImportError(
                 f"mpijax was compiled against another build of mpi4py ({core.mpi4py_error}); "
-                "reinstall mpijax: `pip install --force-reinstall --no-cache-dir mpijax`"
+                "rebuild it against the mpi4py installed here: in mpijax's source, "
+                "`pip install scikit-build-core nanobind cmake ninja` and then "
+                "`pip install --no-build-isolation --no-deps --force-reinstall .`"
             )
         ours, our_version, how = built, headers, "was compiled for"
     else:
@@ -52,13 +54,19 @@ def check_same_mpi(module_path, module_version):
         f"mpijax and mpi4py run on different MPI libraries: mpijax's extension {how} "
         f"{ours or 'an unknown library'} ({_first_line(our_version)}), mpi4py uses "
         f"{theirs or 'an unknown library'} ({_first_line(module_version)}). Rebuild one of "
-        "them against the other's MPI, e.g. `pip install --no-binary=mpi4py --force-reinstall "
-        "mpi4py` and then `pip install --force-reinstall mpijax` with the same mpicc on PATH."
+        "them against the other's MPI, e.g. `pip install --no-binary=mpi4py --no-cache-dir --force-reinstall "
+        "mpi4py` and then, in mpijax's source, `pip install --no-deps --force-reinstall .`, with the same "
+        "mpicc on PATH (or CMAKE_ARGS=-DMPI_C_COMPILER=/path/to/mpicc for mpijax)."
     )
 
 
 check_same_mpi(MPI.__file__, MPI.Get_library_version())
 
+if not MPI.Is_initialized() or MPI.Is_finalized():
+    raise ImportError(
+        "mpijax needs MPI initialised when it is imported (it makes its communicator then): with "
+        "mpi4py.rc.initialize = False, call MPI.Init_thread() first"
+    )
 if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
     raise ImportError(
         "mpijax needs MPI initialised with at least MPI_THREAD_SERIALIZED (XLA "
