@@ -90,12 +90,12 @@ def test_no_messages(comm):
     "kwargs,error,match",
     [
         (dict(sources=[RANK], dests=[RANK, RANK]), ValueError, "dests has 2 entries; expected 1"),
-        (dict(sources=[MPI.ANY_SOURCE], dests=[RANK]), ValueError, rf"sources\[0\]={MPI.ANY_SOURCE} is out of range"),
+        (dict(sources=[MPI.ANY_SOURCE], dests=[RANK]), ValueError, r"sources\[0\]=MPI.ANY_SOURCE is not accepted"),
         (dict(sources=[RANK], dests=[SIZE]), ValueError, rf"dests\[0\]={SIZE} is out of range"),
         (
             dict(sources=[RANK], dests=[RANK], tags=[MPI.ANY_TAG]),
             ValueError,
-            rf"tags\[0\]={MPI.ANY_TAG} is out of range",
+            r"tags\[0\]=MPI.ANY_TAG is not accepted",
         ),
         (dict(sources=[RANK], dests=[RANK], recvs=[np.zeros(2)]), ValueError, "must fill its receive exactly"),
         (dict(sources=[RANK], dests=RANK), TypeError, "dests must be a list or tuple"),

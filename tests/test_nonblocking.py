@@ -279,9 +279,9 @@ def test_vmap_and_jacfwd_of_a_pipeline_whose_first_request_starts_outside(comm):
 
 
 def test_errors(comm):
-    with pytest.raises(ValueError, match="source=-?[0-9]+ is out of range"):
+    with pytest.raises(ValueError, match="source=MPI.ANY_SOURCE is not accepted"):
         mpijax.irecv(jnp.zeros(2), MPI.ANY_SOURCE, comm=comm)
-    with pytest.raises(ValueError, match="tag=-1 is out of range"):
+    with pytest.raises(ValueError, match="tag=MPI.ANY_TAG is not accepted"):
         mpijax.isend(jnp.zeros(2), RANK, tag=MPI.ANY_TAG, comm=comm)
     with pytest.raises(TypeError, match="expected mpijax Requests"):
         mpijax.wait([jnp.zeros(2)])

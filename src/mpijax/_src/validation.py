@@ -30,9 +30,10 @@ def rank(value, name, comm, op, *, allow=()):
     if value in allow or 0 <= value < comm.size:
         return value
     extra = "".join(f" or MPI.{_CONSTANTS[a]}" for a in allow)
+    wildcard = value == MPI.ANY_SOURCE and name.startswith("source")
+    what = "MPI.ANY_SOURCE is not accepted" if wildcard else f"{value} is out of range"
     raise ValueError(
-        f"mpijax.{op}: {name}={value} is out of range for a communicator of size "
-        f"{comm.size} (expected 0 <= {name} < {comm.size}{extra})"
+        f"mpijax.{op}: {name}={what} for a communicator of size {comm.size} (expected 0 <= {name} < {comm.size}{extra})"
     )
 
 
@@ -42,8 +43,9 @@ def tag(value, name, op, *, allow_any=False):
     if (allow_any and value == MPI.ANY_TAG) or 0 <= value <= largest:
         return value
     extra = " or MPI.ANY_TAG" if allow_any else ""
+    what = "MPI.ANY_TAG is not accepted" if value == MPI.ANY_TAG else f"{value} is out of range"
     raise ValueError(
-        f"mpijax.{op}: {name}={value} is out of range (expected 0 <= {name} <= {largest}{extra}; "
+        f"mpijax.{op}: {name}={what} (expected 0 <= {name} <= {largest}{extra}; "
         "mpijax keeps the tags above it for the messages of derivatives and of check mode)"
     )
 
