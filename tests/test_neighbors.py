@@ -51,6 +51,39 @@ def test_chain_ends_receive_zeros_and_send_nothing(comm, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("blocking", [True, False], ids=["neighbor_exchange", "ineighbor_exchange"])
+def test_integers_received_as_floats_carry_no_derivative(comm, mode, blocking):
+    """A message that is an integer at one end and floating-point at the other
+    carries no derivative, at both ends alike: its float end once waited for a
+    cotangent (or sent one) that its integer end never sent (or received),
+    which hung or, left queued, made a later gradient wrong."""
+
+    def exchange(sends, recvs):
+        if blocking:
+            return mpijax.neighbor_exchange(sends, [PREV] * 2, [NEXT] * 2, recvs=recvs, comm=comm)
+        (out,) = mpijax.wait([mpijax.ineighbor_exchange(sends, [PREV] * 2, [NEXT] * 2, recvs=recvs, comm=comm)])
+        return out
+
+    ids = jnp.arange(4, dtype=jnp.int32) + RANK
+
+    def int_to_float(x):
+        a, b = exchange([x, ids], [x, jax.ShapeDtypeStruct((4,), jnp.float32)])
+        return jnp.sum(a**2) + jnp.sum(b)
+
+    def float_to_int(x):
+        a, b = exchange([x, 2 * x], [x, jax.ShapeDtypeStruct((4,), jnp.int32)])
+        return jnp.sum(a**2) + jnp.sum(b)
+
+    def floats(x):
+        a, b = exchange([x, 3 * x], [x, x])
+        return jnp.sum(a**2) + jnp.sum(b)
+
+    x = jnp.arange(4, dtype=jnp.float32) + 1  # the same on every rank
+    for f, want in [(int_to_float, 2 * x), (float_to_int, 2 * x), (floats, 2 * x + 3)]:
+        assert_equal(MODES[mode](jax.grad(f))(x), want)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_receive_specs_and_tags(comm, mode):
     """Receives of another shape and dtype than the sends (same bytes), given
     as arrays or ShapeDtypeStructs; tags chosen by the caller, the same

@@ -113,10 +113,22 @@ def _inexact(dtype):
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
+def derivative_messages(send_dtypes, recv_dtypes):
+    """(send_keep, recv_keep): the messages whose derivatives travel, chosen
+    alike at both ends of each. Where one call sends and receives message i
+    under one tag (neighbor_exchange), an SPMD program's message i has these
+    two dtypes at its two ends: kept where both are inexact (an integer sent
+    into a float receive carries no derivative either way). Otherwise (isend,
+    irecv) each inexact one."""
+    if len(send_dtypes) == len(recv_dtypes):
+        keep = [i for i, (s, r) in enumerate(zip(send_dtypes, recv_dtypes, strict=True)) if _inexact(s) and _inexact(r)]
+        return keep, keep
+    return [i for i, d in enumerate(send_dtypes) if _inexact(d)], [j for j, d in enumerate(recv_dtypes) if _inexact(d)]
+
+
 def _select(params, send_keep, recv_keep):
-    """The messages of `params` kept (for derivatives: the inexact ones,
-    kept alike on both ends since a message's dtype is the same there), under
-    derivative tags (csrc/tags.h)."""
+    """The messages of `params` kept (for derivatives: derivative_messages),
+    under derivative tags (csrc/tags.h)."""
     pick = lambda values, keep: tuple(values[i] for i in keep)  # noqa: E731
     derivative = lambda tags: tuple(core.derivative_tag(t) for t in tags)  # noqa: E731
     return dict(
@@ -133,8 +145,7 @@ def _jvp(prim, primals, tangents, **params):
     """Linear: the tangents of the floating-point messages travel the same
     way in a second exchange."""
     outs = prim.bind_primal(*primals, **params)
-    send_keep = [i for i, x in enumerate(primals) if _inexact(x.dtype)]
-    recv_keep = [j for j, (_, dtype) in enumerate(params["recvs"]) if _inexact(dtype)]
+    send_keep, recv_keep = derivative_messages([x.dtype for x in primals], [d for _, d in params["recvs"]])
     moved = prim.bind(*[ad.instantiate_zeros(tangents[i]) for i in send_keep], **_select(params, send_keep, recv_keep))
     out_tangents = [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
     for j, t in zip(recv_keep, moved, strict=True):
@@ -147,8 +158,7 @@ def _transpose(cts, *sends, **params):
     cotangent goes back to its source, and each send's arrives from its
     destination."""
     send_avals = [x.aval if ad.is_undefined_primal(x) else jax.typeof(x) for x in sends]
-    send_keep = [i for i, a in enumerate(send_avals) if _inexact(a.dtype)]
-    recv_keep = [j for j, (_, dtype) in enumerate(params["recvs"]) if _inexact(dtype)]
+    send_keep, recv_keep = derivative_messages([a.dtype for a in send_avals], [d for _, d in params["recvs"]])
     forward = _select(params, send_keep, recv_keep)
     back = exchange_p.bind(
         *[cotangent(cts[j]) for j in recv_keep],

@@ -36,7 +36,7 @@ from .. import comm as _comm
 from .. import dtypes, jax_compat, validation
 from ..primitive import batch_operands, cotangent, drain, mpi_primitive
 from ..runtime import core
-from .neighbors import _inexact, _nbytes, _select, exchange_lists
+from .neighbors import _inexact, _nbytes, _select, derivative_messages, exchange_lists
 from .point_to_point import _dest
 
 ID = jax.core.ShapedArray((), np.float32)
@@ -60,11 +60,10 @@ class Route(NamedTuple):
         return Route(self.dests, self.sendtags, self.sources, self.recvtags, self.recvs, self.sends)
 
     def derivative(self):
-        """The route of the floating-point messages, under derivative tags
-        (kept alike on both ends, since a message's dtype is the same there),
-        and which sends and receives those are."""
-        send_keep = [i for i, (_, dtype) in enumerate(self.sends) if _inexact(dtype)]
-        recv_keep = [j for j, (_, dtype) in enumerate(self.recvs) if _inexact(dtype)]
+        """The route of the messages that carry derivatives
+        (derivative_messages), under derivative tags, and which sends and
+        receives those are."""
+        send_keep, recv_keep = derivative_messages([d for _, d in self.sends], [d for _, d in self.recvs])
         picked = _select({**self._asdict(), "comm": None}, send_keep, recv_keep)
         del picked["comm"]
         return Route(**picked, sends=tuple(self.sends[i] for i in send_keep)), send_keep, recv_keep
