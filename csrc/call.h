@@ -44,6 +44,9 @@ struct CallInfo {
   int64_t num_to = 0;
   const int64_t* from = nullptr;
   int64_t num_from = 0;
+  // An axis whose length may differ between ranks (ragged_alltoall's rows),
+  // or -1; the v-collectives' leading axis varies by their counts.
+  int ragged_axis = -1;
   // Whether check mode agrees on the call first: not for neighbor_exchange,
   // whose messages go to several peers at once and are checked by size always.
   bool checked = true;

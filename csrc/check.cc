@@ -130,6 +130,9 @@ int AgreeCollective(const CallInfo& call, MPI_Comm comm, std::string* mismatch) 
   if (int rc = MPI_Comm_size(comm, &size)) return rc;
   Signature mine = Sign(call.op, call.dtype, call.shape, call.root, call.reduction, kUnset);
   if (call.counts) mine.dims[0] = kVaries;
+  if (call.ragged_axis >= 0 && call.ragged_axis < Shape::kMaxDims) {
+    mine.dims[call.ragged_axis] = kVaries;
+  }
   std::vector<Signature> all(size);
   if (int rc = mpi::Allgather(&mine, all.data(), sizeof mine, MPI_BYTE, comm)) return rc;
   const bool agree =

@@ -142,7 +142,8 @@ CallInfo DescribeVaried(const char* name, const char* v_name, const ffi::AnyBuff
 }
 
 // The element counts of rows per rank.
-mpi::Counts Elements(Counts rows, int64_t row) {
+template <class Rows>
+mpi::Counts Elements(const Rows& rows, int64_t row) {
   mpi::Counts elements;
   for (int64_t n : rows) elements.push_back(n * row);
   return elements;
@@ -309,6 +310,144 @@ ffi::Error Alltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, 
 
 MPIJAX_OP(Alltoall, "alltoall",
           Unary<P>().template Attr<Counts>("send_counts").template Attr<Counts>("recv_counts"));
+
+// Rows of x to every rank by counts known only when the call runs (an int32
+// operand, one per rank): the first counts[0] rows to rank 0, the next
+// counts[1] to rank 1, and so on; the rows received land packed in rank
+// order at the front of y, zeroed past them, and `exchanged` says how many
+// came from each rank. `reverse`, the transpose, sends back along the same
+// counts (y's packed rows by `exchanged`, received into x's places by
+// `counts`). Axes of counts before its last are a batch (vmap): one exchange
+// per element, in order. A rank whose counts do not fit, or that would
+// receive more rows than y holds, still makes every MPI call its peers
+// expect (a rank refusing its counts tells them so with -1 and exchanges no
+// rows), then raises; so do the peers of a rank that refused.
+template <class Memory>
+ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer counts,
+                          ffi::Token, Out y, Out exchanged, TokenOut, int64_t comm,
+                          int64_t reverse) {
+  CallInfo info = Describe("ragged_alltoall", x);
+  const auto cd = counts.dimensions(), xd = x.dimensions(), yd = y->dimensions();
+  const size_t k = cd.size() - 1;  // batch axes
+  info.ragged_axis = static_cast<int>(k);
+  int64_t batch = 1;
+  bool valid = counts.element_type() == ffi::DataType::S32 &&
+               exchanged->element_type() == ffi::DataType::S32 && cd.size() > 0 && xd.size() > k &&
+               yd.size() == xd.size();
+  for (size_t a = 0; valid && a < xd.size(); ++a) {
+    valid = a == k || xd[a] == yd[a];
+    if (a < k) {
+      valid = valid && xd[a] == cd[a];
+      batch *= cd[a];
+    }
+  }
+  if (!valid) {
+    return ffi::Error::InvalidArgument(
+        "mpijax.ragged_alltoall: the operands do not fit the counts");
+  }
+  const int64_t x_rows = xd[k], y_rows = yd[k];
+  int64_t row = 1;  // elements
+  for (size_t a = k + 1; a < xd.size(); ++a) row *= xd[a];
+  const int64_t row_bytes = row * static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
+  std::string problem;
+  const ffi::Error error =
+      Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
+        const auto n = static_cast<size_t>(c.size);
+        if (cd[k] != c.size) {
+          problem = "counts has " + std::to_string(cd[k]) + " entries for a communicator of " +
+                    std::to_string(c.size) + " ranks";
+          return MPI_SUCCESS;
+        }
+        std::vector<int32_t> all(n * static_cast<size_t>(batch)), received(all.size());
+        m.Copy(all.data(), m.In(counts), all.size() * sizeof(int32_t));
+        char* in = static_cast<char*>(m.In(x));
+        char* out = static_cast<char*>(m.Out(*y));
+        for (int64_t b = 0; b < batch; ++b) {
+          // Forward: this rank's counts are what it sends, the exchanged ones
+          // what it receives; reversed, the other way round.
+          mpi::Counts mine(all.begin() + b * c.size, all.begin() + (b + 1) * c.size), theirs(n);
+          const int64_t mine_limit = reverse ? y_rows : x_rows,
+                        theirs_limit = reverse ? x_rows : y_rows;
+          int64_t total = 0;
+          bool refused = false;
+          for (int64_t v : mine) {
+            refused = refused || v < 0;
+            total += v;
+          }
+          refused = refused || total > mine_limit;
+          mpi::Counts told(n, refused ? -1 : 0);
+          if (!refused) told = mine;
+          if (int rc = mpi::Alltoall(told.data(), theirs.data(), 1, MPI_INT64_T, c.handle))
+            return rc;
+          if (refused && problem.empty()) {
+            std::string list;
+            for (int64_t v : mine) list += (list.empty() ? "" : ", ") + std::to_string(v);
+            problem = "counts [" + list + "] do not fit the " + std::to_string(mine_limit) +
+                      " rows they " + (reverse ? "receive into" : "send from") +
+                      " (expected counts >= 0 summing to at most that)";
+          }
+          if (refused) std::fill(mine.begin(), mine.end(), 0);
+          total = 0;
+          for (size_t j = 0; j < n; ++j) {
+            if (theirs[j] < 0) {
+              if (problem.empty()) problem = "rank " + std::to_string(j) + " refused its counts";
+              theirs[j] = 0;
+            }
+            received[static_cast<size_t>(b) * n + j] = static_cast<int32_t>(theirs[j]);
+            total += theirs[j];
+          }
+          // What does not fit goes through a scratch buffer, so that the peers'
+          // calls still complete, and is then dropped with an error.
+          const bool overflow = total > theirs_limit;
+          if (overflow && problem.empty()) {
+            problem = "the counts of rank(s) sending here add up to " + std::to_string(total) +
+                      " rows, more than the " + std::to_string(theirs_limit) +
+                      (reverse ? " rows of x" : " rows of the result (rows=)");
+          }
+          const mpi::Counts& send = reverse ? theirs : mine;
+          const mpi::Counts& recv = reverse ? mine : theirs;
+          char* from = in + b * x_rows * row_bytes;
+          char* to = out + b * y_rows * row_bytes;
+          std::vector<char> scratch_in, scratch_out;
+          int64_t sent = 0, got = 0;
+          for (size_t j = 0; j < n; ++j) sent += send[j], got += recv[j];
+          if (sent > x_rows) {
+            scratch_in.resize(static_cast<size_t>(sent * row_bytes));
+            m.Copy(scratch_in.data(), from, static_cast<size_t>(x_rows * row_bytes));
+            from = scratch_in.data();
+          }
+          char* into = to;
+          if (got > y_rows) {
+            scratch_out.resize(static_cast<size_t>(got * row_bytes));
+            into = scratch_out.data();
+            got = 0;
+          }
+          if (int rc = mpi::Alltoallv(from, Elements(send, row), into, Elements(recv, row),
+                                      TypeOf(x), c.handle)) {
+            return rc;
+          }
+          m.Zero(to + got * row_bytes, static_cast<size_t>((y_rows - got) * row_bytes));
+        }
+        m.Copy(m.Out(*exchanged), received.data(), received.size() * sizeof(int32_t));
+        return MPI_SUCCESS;
+      });
+  if (!problem.empty()) {
+    return ffi::Error::InvalidArgument(
+        "mpijax.ragged_alltoall" + std::string(reverse ? " (transposed)" : "") + ": " + problem);
+  }
+  return error;
+}
+
+MPIJAX_OP(RaggedAlltoall, "ragged_alltoall",
+          P::Bind()
+              .template Arg<ffi::AnyBuffer>()
+              .template Arg<ffi::AnyBuffer>()
+              .template Arg<ffi::Token>()
+              .template Ret<ffi::AnyBuffer>()
+              .template Ret<ffi::AnyBuffer>()
+              .template Ret<ffi::Token>()
+              .template Attr<int64_t>("comm")
+              .template Attr<int64_t>("reverse"));
 
 template <class Memory>
 ffi::Error Barrier(typename Memory::Context ctx, ffi::Token, TokenOut, int64_t comm) {

@@ -99,6 +99,17 @@ def _rows_to(xs, r):
     return np.concatenate([np.split(xs[s], np.cumsum(SENDS[s])[:-1])[r] for s in range(SIZE)])
 
 
+# ragged_alltoall: SENDS as an array, one more row on every rank than it
+# sends (which gets a zero derivative), and one more row in the result than
+# any rank receives (zeros).
+RAGGED_ROWS = max(sum(SENDS[s][r] for s in range(SIZE)) for r in range(SIZE)) + 1
+
+
+def _ragged_reference(xs):
+    sent = [x[: sum(SENDS[s])] for s, x in enumerate(xs)]
+    return [np.pad(got, (0, RAGGED_ROWS - len(got))) for got in (_rows_to(sent, r) for r in range(SIZE))]
+
+
 LEFT = PREV if RANK > 0 else MPI.PROC_NULL
 RIGHT = NEXT if RANK < SIZE - 1 else MPI.PROC_NULL
 
@@ -155,6 +166,12 @@ def _varied_cases():
             lambda x, c: mpijax.alltoallv(x, SENDS[RANK], [SENDS[s][RANK] for s in range(SIZE)], comm=c),
             lambda xs: [_rows_to(xs, r) for r in range(SIZE)],
             shape=lambda rank: (sum(SENDS[rank]),),
+        ),
+        Case(
+            "ragged_alltoall",
+            lambda x, c: mpijax.ragged_alltoall(x, jnp.asarray(SENDS[RANK]), rows=RAGGED_ROWS, comm=c)[0],
+            _ragged_reference,
+            shape=lambda rank: (sum(SENDS[rank]) + 1,),
         ),
     ]
     for root in ROOTS:

@@ -13,6 +13,7 @@ from ._src.ops.collectives import (
     bcast,
     gather,
     gatherv,
+    ragged_alltoall,
     scatter,
     scatterv,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "irecv",
     "isend",
     "neighbor_exchange",
+    "ragged_alltoall",
     "recv",
     "reduce",
     "reduce_scatter",

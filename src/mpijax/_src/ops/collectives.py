@@ -15,6 +15,7 @@ v-variant's x, of scatter's and alltoall's x) and first everywhere else, so
 all ranks lay out their messages alike.
 """
 
+import jax
 import jax.numpy as jnp
 from jax.interpreters import ad
 
@@ -203,6 +204,44 @@ alltoall_p = mpi_primitive(
 barrier_p = mpi_primitive("barrier", lambda **p: [])  # no operands: nothing to differentiate or batch
 
 
+# ragged_alltoall: counts known only at run time, an int32 operand whose last
+# axis runs over ranks and whose axes before it are a batch (vmap), leading x's
+# too; `rows` is the result's length along x's rows axis. Its transpose sends
+# the rows back along the same counts (reverse=1), and the transpose of that
+# is the op again. The counts received are an integer output: no tangent.
+def _ragged_outputs(x, counts, *, comm, rows, reverse):
+    k = counts.ndim - 1
+    return [x.update(shape=(*x.shape[:k], rows, *x.shape[k + 1 :])), counts]
+
+
+def _ragged_jvp(prim, primals, tangents, **params):
+    x, counts = primals
+    y, received = prim.bind_primal(x, counts, **params)
+    dy, _ = prim.bind(ad.instantiate_zeros(tangents[0]), counts, **params)
+    return [y, received], [dy, ad.Zero(jax.typeof(received).to_tangent_aval())]
+
+
+def _ragged_transpose(cts, x, counts, *, comm, rows, reverse):
+    back, _ = ragged_alltoall_p.bind(
+        cotangent(cts), counts, comm=comm, rows=x.aval.shape[counts.ndim - 1], reverse=1 - reverse
+    )
+    return [back, None]
+
+
+def _ragged_batch(prim, args, dims, **params):
+    return prim.bind(*batch_operands(args, dims, [0, 0]), **params), [0, 0]
+
+
+ragged_alltoall_p = mpi_primitive(
+    "ragged_alltoall",
+    _ragged_outputs,
+    jvp=_ragged_jvp,
+    transpose=_ragged_transpose,
+    batch=_ragged_batch,
+    attributes=("comm", "reverse"),
+)
+
+
 def _leading_axis(x, comm, message, detail=""):
     # `message` starts with mpi4jax's own words, which code written for it matches.
     if x.ndim == 0 or x.shape[0] != comm.size:
@@ -313,3 +352,29 @@ def alltoallv(x, send_counts, recv_counts, *, comm=None):
     recv_counts = validation.counts(recv_counts, "recv_counts", comm, "alltoallv")
     validation.leading(x, sum(send_counts), "alltoallv", "(sum(send_counts) rows)")
     return alltoall_p.bind(x, comm=comm.id, send_counts=send_counts, recv_counts=recv_counts)[0]
+
+
+def ragged_alltoall(x, send_counts, *, rows=None, comm=None):
+    """alltoallv with counts known only when the call runs: the first
+    send_counts[0] rows of `x` go to rank 0, the next send_counts[1] to rank 1,
+    and so on (`send_counts`: an integer array of one entry per rank, traced
+    or not, with sum(send_counts) <= x.shape[0]). Returns (y, recv_counts): y
+    has `rows` rows (default x.shape[0]), the rows received packed at its front
+    in rank order and zeros after them; recv_counts[j] rows came from rank j.
+    A rank that would receive more than `rows` rows, or whose send_counts do
+    not fit x, raises when the call runs, as do the ranks it refused to send to."""
+    comm = _comm.resolve(comm, "ragged_alltoall")
+    x = dtypes.array(x, "ragged_alltoall")
+    if x.ndim == 0:
+        raise ValueError("mpijax.ragged_alltoall: x must have a leading axis of rows; got a scalar")
+    counts = send_counts if isinstance(send_counts, jax.Array) else jnp.asarray(send_counts)
+    if not jnp.issubdtype(counts.dtype, jnp.integer) or counts.shape != (comm.size,):
+        raise ValueError(
+            f"mpijax.ragged_alltoall: send_counts must be an integer array of shape ({comm.size},), one entry "
+            f"per rank; got {counts.dtype}{list(counts.shape)}"
+        )
+    rows = x.shape[0] if rows is None else validation.static_int(rows, "rows", "ragged_alltoall")
+    if rows < 0:
+        raise ValueError(f"mpijax.ragged_alltoall: rows must be non-negative, got {rows}")
+    y, received = ragged_alltoall_p.bind(x, counts.astype(jnp.int32), comm=comm.id, rows=rows, reverse=0)
+    return y, received

@@ -1,0 +1,168 @@
+"""ragged_alltoall: alltoallv with counts known only when the call runs,
+against NumPy computed from every rank's input; particle migration with the
+counts computed inside jit; vmap with counts that differ per batch element;
+the run-time errors, on every rank they concern. Its derivatives are in
+test_autodiff.py's case table."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpijax
+
+from reference import MODES, RANK, SIZE, assert_equal, data
+
+pytestmark = pytest.mark.usefixtures("watchdog")
+
+
+def counts_of(r, seed=0):
+    """Rank r's send counts: uneven, zeros among them, the same on every rank
+    that computes them."""
+    return np.array([(r + 2 * j + seed) % 3 for j in range(SIZE)])
+
+
+def rows_of(r):
+    """Rank r's rows: more than it sends, so some stay behind."""
+    return 2 * SIZE + r
+
+
+def received(xs, counts, r):
+    """What rank r receives: from each rank s in turn, its rows for r."""
+    parts = []
+    for s, x in enumerate(xs):
+        start = int(np.sum(counts[s][:r]))
+        parts.append(x[start : start + counts[s][r]])
+    return np.concatenate(parts)
+
+
+def padded(rows, n):
+    return np.concatenate([rows, np.zeros((n - len(rows), *rows.shape[1:]), rows.dtype)])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "dtype,trailing", [("float32", ()), ("int8", (2, 3)), ("bool", (3,)), ("complex64", ()), ("bfloat16", (2,))]
+)
+def test_matches_numpy(comm, mode, dtype, trailing):
+    xs = [data((rows_of(r), *trailing), dtype, r) for r in range(SIZE)]
+    counts = [counts_of(r) for r in range(SIZE)]
+    out_rows = 2 * SIZE + 1  # above any rank's total: zeros after the rows received
+    y, got = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=out_rows, comm=comm))(
+        xs[RANK], jnp.asarray(counts[RANK])
+    )
+    assert_equal(got, np.array([counts[s][RANK] for s in range(SIZE)], np.int32))
+    assert_equal(y, padded(received(xs, counts, RANK), out_rows))
+
+
+def test_empty_and_default_rows(comm):
+    """No rows anywhere; and the result's rows default to x's."""
+    y, got = mpijax.ragged_alltoall(jnp.zeros((0, 2)), [0] * SIZE, comm=comm)
+    assert y.shape == (0, 2) and list(np.asarray(got)) == [0] * SIZE
+    x = jnp.arange(SIZE, dtype=jnp.float32) + 10 * RANK  # one row to each rank
+    y, got = mpijax.ragged_alltoall(x, np.ones(SIZE, np.int64), comm=comm)
+    assert_equal(y, np.arange(SIZE, dtype=np.float32) * 10 + RANK)
+    assert_equal(got, np.ones(SIZE, np.int32))
+
+
+def test_particle_migration_with_counts_computed_in_jit(comm):
+    """A particle code's step: each particle goes to the rank that owns its
+    position (the unit interval split over the ranks), found, sorted and
+    counted inside jit; capacity rows with unused ones at the end."""
+    capacity, n = 12, 7  # n particles in use on every rank
+
+    def particles(r):
+        rng = np.random.default_rng(r)
+        return np.concatenate([rng.uniform(0, 1, n), np.full(capacity - n, np.nan)]).astype(np.float32)
+
+    @jax.jit
+    def migrate(pos):
+        owner = jnp.where(jnp.isnan(pos), SIZE, jnp.floor(pos * SIZE).astype(jnp.int32))  # SIZE: unused
+        order = jnp.argsort(owner)
+        counts = jnp.bincount(owner, length=SIZE + 1)[:SIZE]
+        moved, got = mpijax.ragged_alltoall(pos[order], counts, rows=capacity * SIZE, comm=comm)
+        return moved, jnp.sum(got)
+
+    moved, total = migrate(jnp.asarray(particles(RANK)))
+    everyone = np.concatenate([particles(r)[:n] for r in range(SIZE)])
+    mine = np.sort(everyone[np.floor(everyone * SIZE).astype(int) == RANK])
+    assert int(total) == len(mine)
+    np.testing.assert_array_equal(np.sort(np.asarray(moved)[: int(total)]), mine)
+    assert not np.asarray(moved)[int(total) :].any()
+
+
+@pytest.mark.parametrize("in_axes", [(0, 0), (1, None)], ids=["counts-batched", "counts-shared"])
+def test_vmap_matches_a_loop(comm, in_axes):
+    """One call for the batch, each element with its own counts (or all with
+    the same), against the calls one by one."""
+    batch = 3
+    xs = np.stack([data((rows_of(RANK), 2), "float32", RANK, seed) for seed in range(batch)])
+    counts = np.stack([counts_of(RANK, seed) for seed in range(batch)])
+    if in_axes[1] is None:
+        counts = counts[0]
+    stacked = np.moveaxis(xs, 0, in_axes[0])
+    f = lambda x, c: mpijax.ragged_alltoall(x, c, rows=2 * SIZE, comm=comm)  # noqa: E731
+    y, got = jax.jit(jax.vmap(f, in_axes=in_axes))(stacked, counts)
+    for b in range(batch):
+        want_y, want_got = f(xs[b], counts[b] if in_axes[1] is not None else counts)
+        assert_equal(y[b], want_y)
+        assert_equal(got[b], want_got)
+
+
+def test_argument_errors_at_trace_time(comm):
+    x = jnp.zeros((4, 2))
+    with pytest.raises(ValueError, match=rf"send_counts must be an integer array of shape \({SIZE},\)"):
+        mpijax.ragged_alltoall(x, jnp.zeros(SIZE + 1, jnp.int32), comm=comm)
+    with pytest.raises(ValueError, match="send_counts must be an integer array"):
+        mpijax.ragged_alltoall(x, jnp.zeros(SIZE), comm=comm)
+    with pytest.raises(ValueError, match="rows must be non-negative"):
+        mpijax.ragged_alltoall(x, [0] * SIZE, rows=-1, comm=comm)
+    with pytest.raises(ValueError, match="x must have a leading axis of rows"):
+        mpijax.ragged_alltoall(jnp.float32(1), [0] * SIZE, comm=comm)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a rank whose counts the others see")
+@pytest.mark.parametrize("mode", MODES)
+def test_counts_that_do_not_fit_raise_on_every_rank(comm, mode):
+    """Rank 1 asks to send more rows than it has: it raises, and so does every
+    rank it refused to send to, whose own rows still arrive."""
+    counts = np.full(SIZE, 3) if RANK == 1 else np.eye(SIZE, dtype=int)[0]  # 2 rows each
+    x = jnp.ones((2, 2)) * RANK
+    says = "counts .* do not fit the 2 rows" if RANK == 1 else "rank 1 refused its counts"
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
+        jax.block_until_ready(MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, comm=comm))(x, counts))
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_more_rows_than_the_result_holds_raise_where_they_arrive(comm, mode):
+    """Every rank sends rank 0 two rows, into a result of one row there: rank
+    0 raises, the others complete; nothing is cut silently."""
+    counts = np.array([2] + [0] * (SIZE - 1))
+    x = jnp.ones((2, 3)) * RANK
+    f = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=1, comm=comm))
+    if RANK == 0:
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=f"add up to {2 * SIZE} rows, more than"):
+            jax.block_until_ready(f(x, counts))
+    else:
+        y, got = f(x, counts)
+        assert_equal(y, np.zeros((1, 3)))
+        assert_equal(got, np.zeros(SIZE, np.int32))
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+def test_check_mode_lets_rows_differ_between_ranks(comm):
+    """The ranks' x differ in rows (by design), not in dtype or trailing shape."""
+    mpijax.set_check(True)
+    try:
+        xs = [data((rows_of(r), 2), "float32", r) for r in range(SIZE)]
+        counts = [counts_of(r) for r in range(SIZE)]
+        y, _ = mpijax.ragged_alltoall(xs[RANK], counts[RANK], rows=2 * SIZE, comm=comm)
+        assert_equal(y, padded(received(xs, counts, RANK), 2 * SIZE))
+        if SIZE > 1:
+            trailing = 3 if RANK == 1 else 2
+            with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=r"ragged_alltoall of float\d+\[\*, 3\]"):
+                jax.block_until_ready(mpijax.ragged_alltoall(jnp.zeros((4, trailing)), [0] * SIZE, comm=comm))
+    finally:
+        mpijax.set_check(False)
