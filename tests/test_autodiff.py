@@ -107,7 +107,10 @@ RAGGED_ROWS = max(sum(SENDS[s][r] for s in range(SIZE)) for r in range(SIZE)) + 
 
 def _ragged_reference(xs):
     sent = [x[: sum(SENDS[s])] for s, x in enumerate(xs)]
-    return [np.pad(got, (0, RAGGED_ROWS - len(got))) for got in (_rows_to(sent, r) for r in range(SIZE))]
+    return [
+        np.pad(got, [(0, RAGGED_ROWS - len(got))] + [(0, 0)] * (got.ndim - 1))
+        for got in (_rows_to(sent, r) for r in range(SIZE))
+    ]
 
 
 LEFT = PREV if RANK > 0 else MPI.PROC_NULL
