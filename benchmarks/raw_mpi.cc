@@ -100,6 +100,19 @@ bool Varied(const std::string& op, int n, int rank, int size, std::vector<float>
                    MPI_COMM_WORLD);
       feed_back();
     };
+  } else if (op == "ragged_alltoall") {
+    // alltoallv's rows, with the counts learnt when the call runs: they
+    // travel first (MPI_Alltoall), and the receive offsets follow from them.
+    *call = [&, size, feed_back] {
+      static std::vector<int> got, got_offsets;
+      got.assign(static_cast<size_t>(size), 0);
+      got_offsets.assign(got.size(), 0);
+      MPI_Alltoall(sends.data(), 1, MPI_INT, got.data(), 1, MPI_INT, MPI_COMM_WORLD);
+      for (int r = 1; r < size; ++r) got_offsets[r] = got_offsets[r - 1] + got[r - 1];
+      MPI_Alltoallv(x.data(), sends.data(), send_offsets.data(), MPI_FLOAT, y.data(), got.data(),
+                    got_offsets.data(), MPI_FLOAT, MPI_COMM_WORLD);
+      feed_back();
+    };
   } else if (op == "alltoallv") {
     *call = [&, feed_back] {
       MPI_Alltoallv(x.data(), sends.data(), send_offsets.data(), MPI_FLOAT, y.data(), recvs.data(),

@@ -1,6 +1,8 @@
 """reduce_scatter, exscan and the v-variants against the C++ reference and
 against what users write without them: a padded allgather, gather, scatter or
-alltoall (every rank's rows padded to the largest count, then sliced),
+alltoall (every rank's rows padded to the largest count, then sliced; for
+ragged_alltoall, whose counts are known only at run time, an alltoall of the
+counts and the padded alltoall, left padded),
 allreduce then slice for reduce_scatter, and scan minus x for exscan, each in
 mpijax and in mpi4jax. Two ranks, 8 B, 64 KiB and 16 MiB, the method of
 run.py and worker.py (interleaved servers, jitted loops minus empty loops,
@@ -25,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 HERE = pathlib.Path(__file__).resolve().parent
-OPS = ["reduce_scatter", "exscan", "allgatherv", "gatherv", "scatterv", "alltoallv"]
+OPS = ["reduce_scatter", "exscan", "allgatherv", "gatherv", "scatterv", "alltoallv", "ragged_alltoall"]
 IMPLS = ["raw", "mpijax", "mpijax padded", "mpi4jax padded"]
 
 
@@ -65,6 +67,9 @@ def bodies(impl, nbytes, comm):
             "gatherv": _fed_one_element(lambda x: lib.gatherv(x, counts, 0, comm=comm)),
             "scatterv": _fed_one_element(lambda x: lib.scatterv(x, counts, 0, comm=comm)),
             "alltoallv": _fed_one_element(lambda x: lib.alltoallv(x, sends, recvs, comm=comm)),
+            "ragged_alltoall": _fed_one_element(
+                lambda x: lib.ragged_alltoall(x, jnp.asarray(sends), rows=sum(recvs), comm=comm)[0]
+            ),
         }
     if impl == "mpijax padded":
         import mpijax as lib
@@ -83,6 +88,12 @@ def bodies(impl, nbytes, comm):
         blocks = jnp.stack([padded(b, most) for b in split(x, sends)])
         return joined(lib.alltoall(blocks, comm=comm), recvs)
 
+    def ragged_alltoall(x):
+        """Counts known only at run time: they go first, and the rows stay
+        padded (no static slice can take them out)."""
+        lib.alltoall(jnp.asarray(sends, jnp.int32).reshape(SIZE, 1), comm=comm)
+        return lib.alltoall(jnp.stack([padded(b, most) for b in split(x, sends)]), comm=comm)
+
     return {
         "reduce_scatter": _fed_one_element(lambda x: lib.allreduce(x, op=MPI.SUM, comm=comm)[RANK]),
         "exscan": _fed_back(lambda x: lib.scan(x, op=MPI.SUM, comm=comm) - x),
@@ -90,6 +101,7 @@ def bodies(impl, nbytes, comm):
         "gatherv": _fed_one_element(gatherv),
         "scatterv": _fed_one_element(scatterv),
         "alltoallv": _fed_one_element(alltoallv),
+        "ragged_alltoall": _fed_one_element(ragged_alltoall),
     }
 
 
@@ -106,6 +118,7 @@ def serve(impl, reps):
             "exscan": (n,),
             "scatterv": (sum(counts) if RANK == 0 else counts[RANK],),
             "alltoallv": (sum(sends),),
+            "ragged_alltoall": (sum(sends),),
         }.get(op, (counts[RANK],))
         return jnp.ones(rows, jnp.float32)
 
@@ -137,6 +150,7 @@ def main():
     parser.add_argument("--impl", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ops", nargs="+", choices=OPS, default=OPS, help="rerun these; the others' results are kept")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     if args.serve:
@@ -149,8 +163,10 @@ def main():
         commands[impl] = [sys.executable, str(HERE / "varied.py"), "serve", "--impl", impl, "--reps", str(args.reps)]
     servers = {name: mpirun(2, *command, serve=True) for name, command in commands.items()}
     results = []
-    failed = interleaved(servers, list(MARKS), args.rounds, results, ops=OPS)
+    failed = interleaved(servers, list(MARKS), args.rounds, results, ops=args.ops)
     out = HERE.parent / "docs" / "benchmarks" / "varied.json"
+    if out.exists():
+        results += [r for r in json.loads(out.read_text())["results"] if r["op"] not in args.ops]
     out.write_text(json.dumps(dict(results=results, failed=failed), indent=1) + "\n")
     print(table(results))
 
