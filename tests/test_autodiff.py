@@ -566,8 +566,12 @@ def test_jvp_vjp_and_vmap_in_jax_default_32_bit_mode(comm, case):
     assert_close(ys, np.stack([case.reference(b)[RANK] for b in batch]), rtol=1e-6)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("allreduce-SUM", "sendrecv", "alltoall")], ids=repr)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.name in ("allreduce-SUM", "sendrecv", "send-recv", "alltoall")], ids=repr
+)
 def test_vmap_of_grad_and_grad_of_vmap(comm, case):
+    """send-recv receives into x itself: a receive buffer computed from the
+    batched value, as a separate receive needs there (docs/autodiff.md, rule 2)."""
     batch = [inputs(case, f"batch{b}") for b in range(3)]
     stacked = jnp.asarray(np.stack([b[RANK] for b in batch]))
 
