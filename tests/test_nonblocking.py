@@ -135,6 +135,28 @@ def _lines_of(lines, pattern):
 START, WAIT = r'custom_call_target="mpijax_start"', r'custom_call_target="mpijax_wait"'
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_per_example_derivatives_through_isend_and_irecv(comm, mode):
+    """vmap of jvp and of grad, the receive into the batched value itself:
+    its primal is batched as the sender's is (a constant buffer's is not, and
+    cannot meet a batched message: docs/autodiff.md, rule 2)."""
+
+    def f(x):
+        received = mpijax.irecv(x, PREV, comm=comm)
+        y, _ = mpijax.wait([received, mpijax.isend(x, NEXT, comm=comm)])
+        return y
+
+    xs = [np.arange(6.0).reshape(2, 3) + 10 * r for r in range(SIZE)]
+    jvps, grads = MODES[mode](
+        lambda x: (
+            jax.vmap(lambda x: jax.jvp(f, (x,), (2 * x,))[1])(x),
+            jax.vmap(jax.grad(lambda x: jnp.sum(f(x) ** 2)))(x),
+        )
+    )(jnp.asarray(xs[RANK]))
+    assert_equal(jvps, 2 * xs[PREV])
+    assert_equal(grads, 2 * xs[RANK])  # the rank after this one squares this rank's x
+
+
 def test_work_placed_between_start_and_wait_stays_there(comm):
     """In the compiled (scheduled) program, the work that `started` and
     wait's `after` bracket sits between the start and the wait."""

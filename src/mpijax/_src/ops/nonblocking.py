@@ -127,10 +127,13 @@ def _bind_start(sends, placeholders, comm, route, *, derivative=0, guard=None):
     return id
 
 
-def _start(sends, specs, sources, recvtags, dests, sendtags, comm, kind):
+def _start(sends, specs, sources, recvtags, dests, sendtags, comm, kind, places=None):
+    """`places`: a zero-size array per receive, batched as its results are
+    to be (by default, constants: batched only beside batched sends)."""
     specs = tuple((tuple(shape), np.dtype(dtype)) for shape, dtype in specs)
     route = Route(tuple(sources), tuple(recvtags), tuple(dests), tuple(sendtags), tuple(map(_spec, sends)), specs)
-    id = _bind_start(sends, [jnp.zeros(0, dtype) for _, dtype in specs], comm.id, route)
+    places = [jnp.zeros(0, dtype) for _, dtype in specs] if places is None else places
+    id = _bind_start(sends, places, comm.id, route)
     return Request(id, comm.id, route, kind)
 
 
@@ -152,7 +155,9 @@ def irecv(x, source, *, tag=0, comm=None):
     x = dtypes.array(x, "irecv")
     source = validation.rank(source, "source", comm, "irecv", allow=(MPI.PROC_NULL,))
     tag = validation.tag(tag, "tag", "irecv")
-    return _start([], [(x.shape, x.dtype)], [source], [tag], [], [], comm, "irecv")
+    # The place is cut from x, so that a receive into a batched buffer is
+    # batched as recv's is, also in the primal of a JVP under vmap.
+    return _start([], [(x.shape, x.dtype)], [source], [tag], [], [], comm, "irecv", places=[x.reshape(-1)[:0]])
 
 
 def ineighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=None):
