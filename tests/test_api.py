@@ -48,6 +48,7 @@ MPIJAX_EXTRAS = {
     "gatherv": "(x, counts, root, *, comm=None)",
     "reduce_scatter": "(x, op, *, comm=None)",
     "scatterv": "(x, counts, root, *, comm=None)",
+    "ragged_alltoall": "(x, send_counts, *, rows=None, comm=None)",
     "neighbor_exchange": "(sends, sources, dests, *, recvs=None, tags=None, comm=None)",
     "cart_neighbors": "(comm, *, corners=True)",
     "halo_exchange": "(x, comm, *, width=1, corners=True)",
