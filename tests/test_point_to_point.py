@@ -229,3 +229,25 @@ def test_send_to_self_and_proc_null(comm, mode):
     assert_equal(small, np.arange(3.0))
     np.testing.assert_array_equal(big, big_vector(RANK))
     assert_equal(last, np.arange(3.0) + 1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sendrecv_with_an_integer_end_carries_no_derivative(comm, mode):
+    """An integer sent into floats, or floats into integers: in a ring every
+    rank has both ends, so no derivative travels on any rank (one used to
+    wait for, or send, a cotangent that its peer never sent or received),
+    and a later gradient is not disturbed."""
+    ids = jnp.arange(4, dtype=jnp.int32) + RANK
+
+    def int_to_float(x):
+        return jnp.sum(x**2) + jnp.sum(mpijax.sendrecv(ids, jnp.zeros(4, jnp.float32), PREV, NEXT, comm=comm))
+
+    def float_to_int(x):
+        return jnp.sum(x**2) + jnp.sum(mpijax.sendrecv(2 * x, jnp.zeros(4, jnp.int32), PREV, NEXT, comm=comm))
+
+    def floats(x):
+        return jnp.sum(mpijax.sendrecv(3 * x, x, PREV, NEXT, comm=comm))
+
+    x = jnp.arange(4, dtype=jnp.float32) + 1
+    for f, want in [(int_to_float, 2 * x), (float_to_int, 2 * x), (floats, jnp.full(4, 3.0, jnp.float32))]:
+        assert_equal(MODES[mode](jax.grad(f))(x), want)

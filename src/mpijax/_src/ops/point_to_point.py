@@ -151,6 +151,11 @@ def _jvp(prim, primals, tangents, **params):
     which a receive from anyone takes from the sender of the value (routed by
     the value's envelope). The status describes the value's message only."""
     outs = prim.bind_primal(*primals, **params)
+    if len(primals) == 3 and not all(jnp.issubdtype(x.dtype, jnp.inexact) for x in primals[:2]):
+        # sendrecv with an integer at one end: in an SPMD program that is one
+        # end of every message of the exchange, so no derivative travels, on
+        # any rank (neighbors.derivative_messages).
+        return outs, [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
     route, tangent_params = primals[-1], derivative(params)
     if "status" in params:
         tangent_params["status"] = 0
