@@ -366,17 +366,15 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
           // Forward: this rank's counts are what it sends, the exchanged ones
           // what it receives; reversed, the other way round.
           mpi::Counts mine(all.begin() + b * c.size, all.begin() + (b + 1) * c.size), theirs(n);
-          const int64_t mine_limit = reverse ? y_rows : x_rows,
-                        theirs_limit = reverse ? x_rows : y_rows;
           int64_t total = 0;
           bool refused = false;
           for (int64_t v : mine) {
             refused = refused || v < 0;
             total += v;
           }
+          const int64_t mine_limit = reverse ? y_rows : x_rows;
           refused = refused || total > mine_limit;
-          mpi::Counts told(n, refused ? -1 : 0);
-          if (!refused) told = mine;
+          const mpi::Counts told = refused ? mpi::Counts(n, -1) : mine;
           if (int rc = mpi::Alltoall(told.data(), theirs.data(), 1, MPI_INT64_T, c.handle))
             return rc;
           if (refused && problem.empty()) {
@@ -387,30 +385,29 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
                       " (expected counts >= 0 summing to at most that)";
           }
           if (refused) std::fill(mine.begin(), mine.end(), 0);
-          total = 0;
           for (size_t j = 0; j < n; ++j) {
             if (theirs[j] < 0) {
               if (problem.empty()) problem = "rank " + std::to_string(j) + " refused its counts";
               theirs[j] = 0;
             }
             received[static_cast<size_t>(b) * n + j] = static_cast<int32_t>(theirs[j]);
-            total += theirs[j];
-          }
-          // What does not fit goes through a scratch buffer, so that the peers'
-          // calls still complete, and is then dropped with an error.
-          const bool overflow = total > theirs_limit;
-          if (overflow && problem.empty()) {
-            problem = "the counts of rank(s) sending here add up to " + std::to_string(total) +
-                      " rows, more than the " + std::to_string(theirs_limit) +
-                      (reverse ? " rows of x" : " rows of the result (rows=)");
           }
           const mpi::Counts& send = reverse ? theirs : mine;
           const mpi::Counts& recv = reverse ? mine : theirs;
+          int64_t sent = 0, got = 0;
+          for (size_t j = 0; j < n; ++j) sent += send[j], got += recv[j];
+          // Rows that do not fit (the exchanged counts' side) go through
+          // scratch memory, so that the peers' calls still complete, and are
+          // then dropped with an error.
+          if ((sent > x_rows || got > y_rows) && problem.empty()) {
+            problem = "the counts of rank(s) sending here add up to " +
+                      std::to_string(reverse ? sent : got) + " rows, more than the " +
+                      std::to_string(reverse ? x_rows : y_rows) +
+                      (reverse ? " rows of x" : " rows of the result (rows=)");
+          }
           char* from = in + b * x_rows * row_bytes;
           char* to = out + b * y_rows * row_bytes;
           std::vector<char> scratch_in, scratch_out;
-          int64_t sent = 0, got = 0;
-          for (size_t j = 0; j < n; ++j) sent += send[j], got += recv[j];
           if (sent > x_rows) {
             scratch_in.resize(static_cast<size_t>(sent * row_bytes));
             m.Copy(scratch_in.data(), from, static_cast<size_t>(x_rows * row_bytes));

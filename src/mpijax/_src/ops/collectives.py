@@ -362,7 +362,8 @@ def ragged_alltoall(x, send_counts, *, rows=None, comm=None):
     has `rows` rows (default x.shape[0]), the rows received packed at its front
     in rank order and zeros after them; recv_counts[j] rows came from rank j.
     A rank that would receive more than `rows` rows, or whose send_counts do
-    not fit x, raises when the call runs, as do the ranks it refused to send to."""
+    not fit x, raises when the call runs, and every other rank raises with a
+    rank whose send_counts do not fit."""
     comm = _comm.resolve(comm, "ragged_alltoall")
     x = dtypes.array(x, "ragged_alltoall")
     if x.ndim == 0:

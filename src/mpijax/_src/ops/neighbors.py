@@ -16,6 +16,7 @@ from .. import comm as _comm
 from .. import dtypes, validation
 from ..primitive import batch_operands, cotangent, mpi_primitive
 from ..runtime import core
+from .point_to_point import _inexact, derivative_messages
 
 
 def _sequence(values, name, op, length=None):
@@ -107,23 +108,6 @@ def neighbor_exchange(sends, sources, dests, *, recvs=None, tags=None, comm=None
         sendtags=tags,
         recvs=specs,
     )
-
-
-def _inexact(dtype):
-    return jnp.issubdtype(dtype, jnp.inexact)
-
-
-def derivative_messages(send_dtypes, recv_dtypes):
-    """(send_keep, recv_keep): the messages whose derivatives travel, chosen
-    alike at both ends of each. Where one call sends and receives message i
-    under one tag (neighbor_exchange), an SPMD program's message i has these
-    two dtypes at its two ends: kept where both are inexact (an integer sent
-    into a float receive carries no derivative either way). Otherwise (isend,
-    irecv) each inexact one."""
-    if len(send_dtypes) == len(recv_dtypes):
-        keep = [i for i, (s, r) in enumerate(zip(send_dtypes, recv_dtypes, strict=True)) if _inexact(s) and _inexact(r)]
-        return keep, keep
-    return [i for i, d in enumerate(send_dtypes) if _inexact(d)], [j for j, d in enumerate(recv_dtypes) if _inexact(d)]
 
 
 def _select(params, send_keep, recv_keep):

@@ -36,8 +36,8 @@ from .. import comm as _comm
 from .. import dtypes, jax_compat, validation
 from ..primitive import batch_operands, cotangent, drain, mpi_primitive
 from ..runtime import core
-from .neighbors import _inexact, _nbytes, _select, derivative_messages, exchange_lists
-from .point_to_point import _dest
+from .neighbors import _nbytes, _select, exchange_lists
+from .point_to_point import _dest, _inexact, derivative_messages
 
 ID = jax.core.ShapedArray((), np.float32)
 

@@ -26,6 +26,23 @@ ROUTED = core.ROUTED
 ENVELOPE = jax.core.ShapedArray((core.STATUS_BYTES,), np.uint8)
 
 
+def _inexact(dtype):
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+def derivative_messages(send_dtypes, recv_dtypes):
+    """(send_keep, recv_keep): the messages whose derivatives travel, chosen
+    alike at both ends of each. Where one call sends and receives message i
+    under one tag (sendrecv, neighbor_exchange), an SPMD program's message i has these
+    two dtypes at its two ends: kept where both are inexact (an integer sent
+    into a float receive carries no derivative either way). Otherwise (isend,
+    irecv) each inexact one."""
+    if len(send_dtypes) == len(recv_dtypes):
+        keep = [i for i, (s, r) in enumerate(zip(send_dtypes, recv_dtypes, strict=True)) if _inexact(s) and _inexact(r)]
+        return keep, keep
+    return [i for i, d in enumerate(send_dtypes) if _inexact(d)], [j for j, d in enumerate(recv_dtypes) if _inexact(d)]
+
+
 def _receive_tag(params):
     """The name of a receive's tag parameter."""
     return "recvtag" if "recvtag" in params else "tag"
@@ -151,11 +168,6 @@ def _jvp(prim, primals, tangents, **params):
     which a receive from anyone takes from the sender of the value (routed by
     the value's envelope). The status describes the value's message only."""
     outs = prim.bind_primal(*primals, **params)
-    if len(primals) == 3 and not all(jnp.issubdtype(x.dtype, jnp.inexact) for x in primals[:2]):
-        # sendrecv with an integer at one end: in an SPMD program that is one
-        # end of every message of the exchange, so no derivative travels, on
-        # any rank (neighbors.derivative_messages).
-        return outs, [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
     route, tangent_params = primals[-1], derivative(params)
     if "status" in params:
         tangent_params["status"] = 0
@@ -164,6 +176,15 @@ def _jvp(prim, primals, tangents, **params):
         tangent_params.update({"source": ROUTED, _receive_tag(params): ROUTED})
     tangent_outs = prim.bind(*map(ad.instantiate_zeros, tangents[:-1]), route, **tangent_params)
     return outs, [*tangent_outs[:1], ad.Zero(ENVELOPE.to_tangent_aval())][: len(outs)]
+
+
+def _sendrecv_jvp(prim, primals, tangents, **params):
+    """_jvp, where the message carries a derivative (derivative_messages)."""
+    sendbuf, recvbuf, _ = primals
+    if derivative_messages([sendbuf.dtype], [recvbuf.dtype])[0]:
+        return _jvp(prim, primals, tangents, **params)
+    outs = prim.bind_primal(*primals, **params)
+    return outs, [ad.Zero(jax.typeof(y).to_tangent_aval()) for y in outs]
 
 
 def _batch(prim, args, dims, **params):
@@ -230,7 +251,7 @@ sendrecv_p = mpi_primitive(
     "sendrecv",
     lambda sendbuf, recvbuf, route, **p: [recvbuf, ENVELOPE],
     lambda s, r, route, **p: {1: 0} if p["alias_recvbuf"] else None,
-    jvp=_jvp,
+    jvp=_sendrecv_jvp,
     transpose=_sendrecv_transpose,
     batch=_batch,
     attributes=("comm", "source", "dest", "sendtag", "recvtag", "status"),
