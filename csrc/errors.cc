@@ -74,6 +74,21 @@ std::string ErrorClassName(int code) {
   return "MPI error class " + std::to_string(error_class);
 }
 
+// What usually causes an error of class `name`, where a user can act on it:
+// a message too long for its receive comes from arrays of different sizes,
+// and under vmap of a derivative from a receive buffer that vmap does not
+// batch while the sender's array is batched (docs/autodiff.md, rule 2).
+std::string Hint(const CallInfo& call, const std::string& name) {
+  if (name != "MPI_ERR_TRUNCATE") return "";
+  if (!Collective(call)) {
+    return ". The message is longer than the array receiving it: either the sender's array is "
+           "larger, or, under jax.vmap of a derivative, the sender's array is batched and this "
+           "receive's buffer is not (a constant such as jnp.zeros(...); receive into one computed "
+           "from the batched value, see docs/autodiff.md, rule 2)";
+  }
+  return ". The ranks' arrays differ in size (MPIJAX_CHECK=1 names the difference)";
+}
+
 }  // namespace
 
 ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
@@ -104,7 +119,7 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   const std::string name = ErrorClassName(code);
   if (message.rfind(name, 0) != 0) message = name + ": " + message;
   return ffi::Error::Internal(op + " failed on " + rank + ": " + message + " (MPI error code " +
-                              std::to_string(code) + ")" + about);
+                              std::to_string(code) + ")" + about + Hint(call, name));
 }
 
 }  // namespace mpijax

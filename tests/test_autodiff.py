@@ -583,6 +583,33 @@ def test_vmap_of_grad_and_grad_of_vmap(comm, case):
     assert_close(jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs))))(stacked), np.stack(per_element), rtol=1e-12)
 
 
+@pytest.mark.skipif(SIZE < 2, reason="needs a sender")
+def test_a_constant_receive_buffer_under_vmap_of_a_derivative_names_the_fix(comm):
+    """Per-example derivatives through a receive into jnp.zeros of a batched
+    message cannot work (docs/autodiff.md, rule 2): the receiving rank raises,
+    naming the cause and the fix. Forward mode: the batched tangent message
+    that its receive never took is then received here, by mpi4py."""
+
+    def f(x):
+        if RANK == 0:
+            mpijax.send(x * 2, 1, comm=comm)
+        elif RANK == 1:
+            x = x * mpijax.recv(jnp.zeros(3), 0, comm=comm)
+        return x
+
+    run = jax.jit(jax.vmap(lambda x: jax.jvp(f, (x,), (x,))))
+    if RANK == 1:
+        match = r"(?s)MPI_ERR_TRUNCATE.*longer than the array receiving it.*under jax\.vmap of a derivative.*rule 2"
+        with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+            jax.block_until_ready(run(jnp.ones((2, 3))))
+        status = MPI.Status()
+        comm.Probe(0, MPI.ANY_TAG, status)
+        assert status.Get_count(MPI.DOUBLE) == 2 * 3
+        comm.Recv([np.empty(6), MPI.DOUBLE], 0, status.Get_tag())
+    else:
+        jax.block_until_ready(run(jnp.ones((2, 3))))
+
+
 @pytest.mark.parametrize("axes", [(0, None), (None, 0), (1, 0)])
 def test_vmap_sendrecv_mixed_axes(comm, axes):
     """Batched and unbatched operands mixed: the unbatched one is broadcast."""
