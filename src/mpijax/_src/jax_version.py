@@ -11,6 +11,7 @@ import jax
 
 # Oldest and newest tested, the whole suite on the CPU: 0.8.0 (and 0.10.2) in CI, 0.8.0 to
 # 0.12.0.1 in docs/jax_versions.log; 0.11.2 also in the GPU check on an H100
+# (docs/benchmarks/gpu/h100-2026-11-23/gpu-check.log) and an H200
 # (docs/benchmarks/gpu/gpu-check.log).
 TESTED = ("0.8.0", "0.12.0.1")
 
