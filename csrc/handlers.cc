@@ -349,6 +349,11 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
   int64_t row = 1;  // elements
   for (size_t a = k + 1; a < xd.size(); ++a) row *= xd[a];
   const int64_t row_bytes = row * static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
+  // Every count and offset that any rank handles is at most the sum over the
+  // ranks of their larger buffer's elements: where each rank's, times the
+  // ranks, is within the count limit, MPI_Alltoallv's ints fit everywhere.
+  // The ranks tell each other with the counts, so they choose alike.
+  const int64_t largest = std::max(x_rows, y_rows) * row;
   std::string problem;
   const ffi::Error error =
       Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm& c, Memory& m) {
@@ -374,9 +379,20 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
           }
           const int64_t mine_limit = reverse ? y_rows : x_rows;
           refused = refused || total > mine_limit;
-          const mpi::Counts told = refused ? mpi::Counts(n, -1) : mine;
-          if (int rc = mpi::Alltoall(told.data(), theirs.data(), 1, MPI_INT64_T, c.handle))
+          // To each rank: its count (-1: refused), and whether this rank's
+          // buffers are small enough for MPI_Alltoallv (above).
+          mpi::Counts told(2 * n), heard(2 * n);
+          for (size_t j = 0; j < n; ++j) {
+            told[2 * j] = refused ? -1 : mine[j];
+            told[2 * j + 1] = largest <= mpi::CountLimit() / c.size;
+          }
+          if (int rc = mpi::Alltoall(told.data(), heard.data(), 2, MPI_INT64_T, c.handle))
             return rc;
+          bool int_counts = true;
+          for (size_t j = 0; j < n; ++j) {
+            theirs[j] = heard[2 * j];
+            int_counts = int_counts && heard[2 * j + 1];
+          }
           if (refused && problem.empty()) {
             std::string list;
             for (int64_t v : mine) list += (list.empty() ? "" : ", ") + std::to_string(v);
@@ -420,7 +436,7 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
             got = 0;
           }
           if (int rc = mpi::Alltoallv(from, Elements(send, row), into, Elements(recv, row),
-                                      TypeOf(x), c.handle)) {
+                                      TypeOf(x), c.handle, int_counts)) {
             return rc;
           }
           m.Zero(to + got * row_bytes, static_cast<size_t>((y_rows - got) * row_bytes));

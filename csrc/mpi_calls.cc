@@ -636,14 +636,23 @@ int Scatterv(const void* in, void* out, const Counts& counts, MPI_Datatype type,
       });
 }
 
-// Always one MPI_Alltoallw: a rank knows only its own counts, so whether
-// they fit MPI_Alltoallv's int arrays could differ between ranks, which must
-// all make the same collective call.
 int Alltoallv(const void* in, const Counts& send_counts, void* out, const Counts& recv_counts,
-              MPI_Datatype type, MPI_Comm comm) {
+              MPI_Datatype type, MPI_Comm comm, bool int_counts) {
   if (type == MPI_DATATYPE_NULL) return MPI_ERR_TYPE;
-  return Exchange(in, send_counts, Offsets(send_counts), out, recv_counts, Offsets(recv_counts),
-                  type, comm);
+  if (!int_counts) {
+    return Exchange(in, send_counts, Offsets(send_counts), out, recv_counts, Offsets(recv_counts),
+                    type, comm);
+  }
+  const IntLayout s(send_counts), r(recv_counts);
+  return Complete(
+      [&] {
+        return MPI_Alltoallv(in, s.counts.data(), s.displacements.data(), type, out,
+                             r.counts.data(), r.displacements.data(), type, comm);
+      },
+      [&](MPI_Request* q) {
+        return MPI_Ialltoallv(in, s.counts.data(), s.displacements.data(), type, out,
+                              r.counts.data(), r.displacements.data(), type, comm, q);
+      });
 }
 
 int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,

@@ -104,7 +104,10 @@ int Alltoall(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Co
 // exceeds CountLimit(), one MPI_Alltoallw moves the same blocks, each
 // described by a datatype at its 64-bit byte offset. The counts of
 // Allgatherv, Gatherv and Scatterv are the same on every rank (so is the
-// choice); Alltoallv's are each rank's own and it always calls MPI_Alltoallw.
+// choice). Alltoallv's are each rank's own, so whether they fit could differ
+// between ranks, which must all make the same collective call: it calls
+// MPI_Alltoallw, or MPI_Alltoallv where the caller knows that every rank's
+// counts and offsets fit (`int_counts`, true on every rank alike).
 using Counts = std::vector<int64_t>;
 int Allgatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, MPI_Comm comm);
 int Gatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
@@ -112,7 +115,7 @@ int Gatherv(const void* in, void* out, const Counts& counts, MPI_Datatype type, 
 int Scatterv(const void* in, void* out, const Counts& counts, MPI_Datatype type, int root,
              MPI_Comm comm);
 int Alltoallv(const void* in, const Counts& send_counts, void* out, const Counts& recv_counts,
-              MPI_Datatype type, MPI_Comm comm);
+              MPI_Datatype type, MPI_Comm comm, bool int_counts = false);
 
 // in == out reduces in place. `out` is ignored off the root for Reduce.
 int Allreduce(const void* in, void* out, int64_t count, MPI_Datatype type, MPI_Op op,

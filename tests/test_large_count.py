@@ -55,7 +55,8 @@ def test_every_op_past_the_limit(comm, limit, mode, dtype, n):
 @checkerboard(n=COUNTS, timeout=[None, 60])
 def test_v_variants_and_reduce_scatter_past_the_limit(comm, limit, mode, n, timeout):
     """Rank r has n + 3r rows: counts and offsets below and past the limit
-    (MPI's v-collectives, or one MPI_Alltoallw with 64-bit offsets), with the
+    (MPI's v-collectives, or one MPI_Alltoallw with 64-bit offsets; and
+    ragged_alltoall), with the
     blocking calls and under the watchdog (nonblocking ones, but a blocking
     MPI_Alltoallw where a block needs a derived datatype: docs/design.md)."""
     mpijax.set_timeout(timeout)
@@ -87,6 +88,16 @@ def _v_variants_and_reduce_scatter(comm, mode, n):
         np.concatenate(sent[RANK]),
     )
     assert_equal(got, np.concatenate([sent[s][RANK] for s in range(SIZE)]))
+    # ragged_alltoall, the same rows by counts in an array, into RANK rows
+    # more than arrive: at n = 0 and 2 ranks one rank's buffers fit
+    # MPI_Alltoallv's ints and the other's do not, and both must choose alike.
+    rows = sum(n + s + RANK for s in range(SIZE)) + RANK
+    ragged = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=rows, comm=comm))
+    got, received = ragged(np.concatenate(sent[RANK]), np.array([n + RANK + j for j in range(SIZE)], np.int32))
+    assert_equal(
+        np.asarray(got), np.concatenate([*(sent[s][RANK] for s in range(SIZE)), np.zeros((RANK, 2), np.int16)])
+    )
+    assert_equal(np.asarray(received), np.array([n + s + RANK for s in range(SIZE)], np.int32))
     blocks = all_data((SIZE, n), "float64")
     got = run(lambda x: mpijax.reduce_scatter(x, MPI.SUM, comm=comm), blocks[RANK])
     assert_equal(got, np.sum([b[RANK] for b in blocks], axis=0))
