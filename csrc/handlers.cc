@@ -10,8 +10,10 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -311,17 +313,38 @@ ffi::Error Alltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, 
 MPIJAX_OP(Alltoall, "alltoall",
           Unary<P>().template Attr<Counts>("send_counts").template Attr<Counts>("recv_counts"));
 
+// Whether `counts` are non-negative and add up to at most `limit` (a peer's
+// counts can be anything: no sum that could overflow is formed).
+bool Within(const mpi::Counts& counts, int64_t limit) {
+  for (int64_t v : counts) {
+    if (v < 0 || v > limit) return false;
+    limit -= v;
+  }
+  return true;
+}
+
+// Their sum, negative ones counted as 0, saturating.
+int64_t Total(const mpi::Counts& counts) {
+  int64_t total = 0;
+  for (int64_t v : counts) {
+    total = v > 0 && v > INT64_MAX - total ? INT64_MAX : total + std::max<int64_t>(v, 0);
+  }
+  return total;
+}
+
 // Rows of x to every rank by counts known only when the call runs (an int32
-// operand, one per rank): the first counts[0] rows to rank 0, the next
-// counts[1] to rank 1, and so on; the rows received land packed in rank
-// order at the front of y, zeroed past them, and `exchanged` says how many
-// came from each rank. `reverse`, the transpose, sends back along the same
-// counts (y's packed rows by `exchanged`, received into x's places by
-// `counts`). Axes of counts before its last are a batch (vmap): one exchange
-// per element, in order. A rank whose counts do not fit, or that would
-// receive more rows than y holds, still makes every MPI call its peers
-// expect (a rank refusing its counts tells them so with -1 and exchanges no
-// rows), then raises; so do the peers of a rank that refused.
+// or int64 operand, one per rank): the first counts[0] rows to rank 0, the
+// next counts[1] to rank 1, and so on; the rows received land packed in rank
+// order at the front of y, zeroed past them, and `exchanged` (of counts'
+// type) says how many came from each rank. `reverse`, the transpose, sends
+// back along the same counts (y's packed rows by `exchanged`, received into
+// x's places by `counts`). Axes of counts before its last are a batch (vmap):
+// one exchange per element, in order. Once the counts are exchanged, the
+// ranks agree (one allreduce) on whether any rank's counts do not fit its
+// rows, sent or received, and if so move no rows and all raise: every rank
+// then leaves the program at the same call, as one that loops over the call
+// needs. They agree too on whether MPI_Alltoallv's ints fit every rank's
+// counts and offsets: each rank's larger buffer, times the ranks, bounds them.
 template <class Memory>
 ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer counts,
                           ffi::Token, Out y, Out exchanged, TokenOut, int64_t comm,
@@ -330,10 +353,11 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
   const auto cd = counts.dimensions(), xd = x.dimensions(), yd = y->dimensions();
   const size_t k = cd.size() - 1;  // batch axes
   info.ragged_axis = static_cast<int>(k);
+  const bool wide = counts.element_type() == ffi::DataType::S64;
   int64_t batch = 1;
-  bool valid = counts.element_type() == ffi::DataType::S32 &&
-               exchanged->element_type() == ffi::DataType::S32 && cd.size() > 0 && xd.size() > k &&
-               yd.size() == xd.size();
+  bool valid = (wide || counts.element_type() == ffi::DataType::S32) &&
+               exchanged->element_type() == counts.element_type() && cd.size() > 0 &&
+               xd.size() > k && yd.size() == xd.size();
   for (size_t a = 0; valid && a < xd.size(); ++a) {
     valid = a == k || xd[a] == yd[a];
     if (a < k) {
@@ -349,10 +373,9 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
   int64_t row = 1;  // elements
   for (size_t a = k + 1; a < xd.size(); ++a) row *= xd[a];
   const int64_t row_bytes = row * static_cast<int64_t>(ffi::ByteWidth(x.element_type()));
-  // Every count and offset that any rank handles is at most the sum over the
-  // ranks of their larger buffer's elements: where each rank's, times the
-  // ranks, is within the count limit, MPI_Alltoallv's ints fit everywhere.
-  // The ranks tell each other with the counts, so they choose alike.
+  // Forward, this rank's counts are what it sends from x and the exchanged
+  // ones what it receives into y; reversed, the other way round.
+  const int64_t mine_limit = reverse ? y_rows : x_rows, theirs_limit = reverse ? x_rows : y_rows;
   const int64_t largest = std::max(x_rows, y_rows) * row;
   std::string problem;
   const ffi::Error error =
@@ -363,85 +386,62 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
                     std::to_string(c.size) + " ranks";
           return MPI_SUCCESS;
         }
-        std::vector<int32_t> all(n * static_cast<size_t>(batch)), received(all.size());
-        m.Copy(all.data(), m.In(counts), all.size() * sizeof(int32_t));
-        char* in = static_cast<char*>(m.In(x));
-        char* out = static_cast<char*>(m.Out(*y));
+        const size_t total = n * static_cast<size_t>(batch), width = wide ? 8 : 4;
+        std::vector<char> raw(total * width);
+        m.Copy(raw.data(), m.In(counts), raw.size());
+        mpi::Counts all(total), received(total);
+        for (size_t i = 0; i < total; ++i) {
+          int32_t narrow;
+          std::memcpy(wide ? static_cast<void*>(&all[i]) : &narrow, &raw[i * width], width);
+          if (!wide) all[i] = narrow;
+        }
         for (int64_t b = 0; b < batch; ++b) {
-          // Forward: this rank's counts are what it sends, the exchanged ones
-          // what it receives; reversed, the other way round.
-          mpi::Counts mine(all.begin() + b * c.size, all.begin() + (b + 1) * c.size), theirs(n);
-          int64_t total = 0;
-          bool refused = false;
-          for (int64_t v : mine) {
-            refused = refused || v < 0;
-            total += v;
-          }
-          const int64_t mine_limit = reverse ? y_rows : x_rows;
-          refused = refused || total > mine_limit;
-          // To each rank: its count (-1: refused), and whether this rank's
-          // buffers are small enough for MPI_Alltoallv (above).
-          mpi::Counts told(2 * n), heard(2 * n);
-          for (size_t j = 0; j < n; ++j) {
-            told[2 * j] = refused ? -1 : mine[j];
-            told[2 * j + 1] = largest <= mpi::CountLimit() / c.size;
-          }
-          if (int rc = mpi::Alltoall(told.data(), heard.data(), 2, MPI_INT64_T, c.handle))
+          const mpi::Counts mine(all.begin() + b * c.size, all.begin() + (b + 1) * c.size);
+          mpi::Counts theirs(n);
+          if (int rc = mpi::Alltoall(mine.data(), theirs.data(), 1, MPI_INT64_T, c.handle))
             return rc;
-          bool int_counts = true;
-          for (size_t j = 0; j < n; ++j) {
-            theirs[j] = heard[2 * j];
-            int_counts = int_counts && heard[2 * j + 1];
-          }
-          if (refused && problem.empty()) {
+          if (!Within(mine, mine_limit)) {
             std::string list;
             for (int64_t v : mine) list += (list.empty() ? "" : ", ") + std::to_string(v);
             problem = "counts [" + list + "] do not fit the " + std::to_string(mine_limit) +
                       " rows they " + (reverse ? "receive into" : "send from") +
                       " (expected counts >= 0 summing to at most that)";
+          } else if (!Within(theirs, theirs_limit)) {
+            problem = "the counts of rank(s) sending here add up to " +
+                      std::to_string(Total(theirs)) + " rows, more than the " +
+                      std::to_string(theirs_limit) +
+                      (reverse ? " rows of x" : " rows of the result (rows=)");
           }
-          if (refused) std::fill(mine.begin(), mine.end(), 0);
-          for (size_t j = 0; j < n; ++j) {
-            if (theirs[j] < 0) {
-              if (problem.empty()) problem = "rank " + std::to_string(j) + " refused its counts";
-              theirs[j] = 0;
+          // The first rank whose counts do not fit (or none: the size), and
+          // whether MPI_Alltoallv's ints fit everywhere (the least of 1s and 0s).
+          int64_t agreed[2] = {problem.empty() ? c.size : c.rank,
+                               largest <= mpi::CountLimit() / c.size};
+          if (int rc = mpi::Allreduce(agreed, agreed, 2, MPI_INT64_T, MPI_MIN, c.handle)) return rc;
+          if (agreed[0] < c.size) {
+            if (problem.empty()) {
+              problem = "the counts rank " + std::to_string(agreed[0]) +
+                        " sends or receives do not fit its rows (its error says how), so no "
+                        "rows moved";
             }
-            received[static_cast<size_t>(b) * n + j] = static_cast<int32_t>(theirs[j]);
+            return MPI_SUCCESS;
           }
           const mpi::Counts& send = reverse ? theirs : mine;
           const mpi::Counts& recv = reverse ? mine : theirs;
-          int64_t sent = 0, got = 0;
-          for (size_t j = 0; j < n; ++j) sent += send[j], got += recv[j];
-          // Rows that do not fit (the exchanged counts' side) go through
-          // scratch memory, so that the peers' calls still complete, and are
-          // then dropped with an error.
-          if ((sent > x_rows || got > y_rows) && problem.empty()) {
-            problem = "the counts of rank(s) sending here add up to " +
-                      std::to_string(reverse ? sent : got) + " rows, more than the " +
-                      std::to_string(reverse ? x_rows : y_rows) +
-                      (reverse ? " rows of x" : " rows of the result (rows=)");
-          }
-          char* from = in + b * x_rows * row_bytes;
-          char* to = out + b * y_rows * row_bytes;
-          std::vector<char> scratch_in, scratch_out;
-          if (sent > x_rows) {
-            scratch_in.resize(static_cast<size_t>(sent * row_bytes));
-            m.Copy(scratch_in.data(), from, static_cast<size_t>(x_rows * row_bytes));
-            from = scratch_in.data();
-          }
-          char* into = to;
-          if (got > y_rows) {
-            scratch_out.resize(static_cast<size_t>(got * row_bytes));
-            into = scratch_out.data();
-            got = 0;
-          }
-          if (int rc = mpi::Alltoallv(from, Elements(send, row), into, Elements(recv, row),
-                                      TypeOf(x), c.handle, int_counts)) {
+          char* to = static_cast<char*>(m.Out(*y)) + b * y_rows * row_bytes;
+          if (int rc = mpi::Alltoallv(static_cast<char*>(m.In(x)) + b * x_rows * row_bytes,
+                                      Elements(send, row), to, Elements(recv, row), TypeOf(x),
+                                      c.handle, agreed[1])) {
             return rc;
           }
+          const int64_t got = Total(recv);
           m.Zero(to + got * row_bytes, static_cast<size_t>((y_rows - got) * row_bytes));
+          std::copy(theirs.begin(), theirs.end(), received.begin() + b * c.size);
         }
-        m.Copy(m.Out(*exchanged), received.data(), received.size() * sizeof(int32_t));
+        for (size_t i = 0; i < total; ++i) {
+          const int32_t narrow = static_cast<int32_t>(received[i]);
+          std::memcpy(&raw[i * width], wide ? static_cast<void*>(&received[i]) : &narrow, width);
+        }
+        m.Copy(m.Out(*exchanged), raw.data(), raw.size());
         return MPI_SUCCESS;
       });
   if (!problem.empty()) {

@@ -195,7 +195,7 @@ SPECS = {
     ),
     "ragged_alltoall": Spec(
         rows(lambda r: sum(SENDS[r]) + 1),
-        lambda x, c, op: mpijax.ragged_alltoall(x, jnp.asarray(SENDS[RANK]), rows=RAGGED_ROWS, comm=c),
+        lambda x, c, op: mpijax.ragged_alltoall(x, jnp.asarray(SENDS[RANK], jnp.int32), rows=RAGGED_ROWS, comm=c),
         lambda xs, f: (_ragged_reference(xs)[RANK], np.array([s[RANK] for s in SENDS], np.int32)),
     ),
     "sendrecv": Spec(same, lambda x, c, op: mpijax.sendrecv(x, x, PREV, NEXT, comm=c), lambda xs, f: xs[PREV]),

@@ -50,7 +50,7 @@ def test_matches_numpy(comm, mode, dtype, trailing):
     counts = [counts_of(r) for r in range(SIZE)]
     out_rows = 2 * SIZE + 1  # above any rank's total: zeros after the rows received
     y, got = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=out_rows, comm=comm))(
-        xs[RANK], jnp.asarray(counts[RANK])
+        xs[RANK], jnp.asarray(counts[RANK], jnp.int32)
     )
     assert_equal(got, np.array([counts[s][RANK] for s in range(SIZE)], np.int32))
     assert_equal(y, padded(received(xs, counts, RANK), out_rows))
@@ -61,9 +61,29 @@ def test_empty_and_default_rows(comm):
     y, got = mpijax.ragged_alltoall(jnp.zeros((0, 2)), [0] * SIZE, comm=comm)
     assert y.shape == (0, 2) and list(np.asarray(got)) == [0] * SIZE
     x = jnp.arange(SIZE, dtype=jnp.float32) + 10 * RANK  # one row to each rank
-    y, got = mpijax.ragged_alltoall(x, np.ones(SIZE, np.int64), comm=comm)
+    y, got = mpijax.ragged_alltoall(x, np.ones(SIZE, np.int16), comm=comm)
     assert_equal(y, np.arange(SIZE, dtype=np.float32) * 10 + RANK)
     assert_equal(got, np.ones(SIZE, np.int32))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint32", "uint64", "int32"])
+def test_counts_past_int32_are_refused_quoting_them(comm, dtype):
+    """Counts of 64-bit and uint32 dtypes (x64 is on here) travel as int64,
+    and the received counts are int64 too: a count past 2**31, or 2**32 + 1,
+    which int32 would wrap into 1, is refused quoting its value; every rank
+    raises (int32 counts, for comparison, are received as int32)."""
+    big = {"int32": 2**31 - 1, "uint32": 2**31 + 1}.get(dtype, 2**32 + 1)
+    counts = np.zeros(SIZE, dtype)
+    y, got = mpijax.ragged_alltoall(jnp.ones((1, 2)), counts, comm=comm)
+    assert_equal(got, np.zeros(SIZE, np.int32 if dtype == "int32" else np.int64))
+    counts[0] = big if RANK == 0 else 0
+    says = (
+        f"counts \\[{big}(, 0)*\\] do not fit the 1 rows"
+        if RANK == 0
+        else "the counts rank 0 sends or receives do not fit its rows"
+    )
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
+        jax.block_until_ready(mpijax.ragged_alltoall(jnp.ones((1, 2)), counts, comm=comm))
 
 
 def test_particle_migration_with_counts_computed_in_jit(comm):
@@ -126,30 +146,62 @@ def test_argument_errors_at_trace_time(comm):
 @pytest.mark.parametrize("mode", MODES)
 def test_counts_that_do_not_fit_raise_on_every_rank(comm, mode):
     """Rank 1 asks to send more rows than it has: it raises, and so does every
-    rank it refused to send to, whose own rows still arrive."""
+    other rank, naming it."""
     counts = np.full(SIZE, 3) if RANK == 1 else np.eye(SIZE, dtype=int)[0]  # 2 rows each
     x = jnp.ones((2, 2)) * RANK
-    says = "counts .* do not fit the 2 rows" if RANK == 1 else "rank 1 refused its counts"
+    says = "counts .* do not fit the 2 rows" if RANK == 1 else "the counts rank 1 sends or receives do not fit its rows"
+    f = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=4 * SIZE, comm=comm))
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
-        jax.block_until_ready(MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, comm=comm))(x, counts))
+        jax.block_until_ready(f(x, counts))
     assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_more_rows_than_the_result_holds_raise_where_they_arrive(comm, mode):
+def test_more_rows_than_the_result_holds_raise_on_every_rank(comm, mode):
     """Every rank sends rank 0 two rows, into a result of one row there: rank
-    0 raises, the others complete; nothing is cut silently."""
+    0 raises, saying so, and every other rank raises naming rank 0; nothing is
+    cut silently."""
     counts = np.array([2] + [0] * (SIZE - 1))
     x = jnp.ones((2, 3)) * RANK
     f = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=1, comm=comm))
-    if RANK == 0:
-        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=f"add up to {2 * SIZE} rows, more than"):
-            jax.block_until_ready(f(x, counts))
-    else:
-        y, got = f(x, counts)
-        assert_equal(y, np.zeros((1, 3)))
-        assert_equal(got, np.zeros(SIZE, np.int32))
+    says = (
+        f"add up to {2 * SIZE} rows, more than the 1 rows"
+        if RANK == 0
+        else "the counts rank 0 sends or receives do not fit"
+    )
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
+        jax.block_until_ready(f(x, counts))
     assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+def test_an_overflow_inside_a_loop_stops_every_rank_at_the_same_step(comm):
+    """A scan of three exchanges whose second overflows rank 0's result: every
+    rank leaves the loop there, raising, so the ranks stay in step and later
+    calls match (found by a tester: the others went on to the third step,
+    and the next allreduce took their counts, or hung)."""
+
+    def step(carry, counts):
+        y, got = mpijax.ragged_alltoall(carry, counts, comm=comm)
+        return y, jnp.sum(got)
+
+    steps = np.array(
+        [np.eye(SIZE, dtype=np.int32)[RANK], np.eye(SIZE, dtype=np.int32)[0] * 4, np.zeros(SIZE, np.int32)]
+    )
+    x = jnp.ones((4, 2)) * RANK
+    run = jax.jit(lambda x, s: jax.lax.scan(step, x, s))
+    if SIZE == 1:
+        y, sums = run(x, steps)
+        assert_equal(sums, np.array([1, 4, 0]))  # jnp.sum of int32 is int64 under x64
+    else:
+        says = (
+            f"add up to {4 * SIZE} rows, more than the 4 rows"
+            if RANK == 0
+            else "the counts rank 0 sends or receives do not fit"
+        )
+        with pytest.raises(jax.errors.JaxRuntimeError, match=says):
+            jax.block_until_ready(run(x, steps))
+    for _ in range(3):
+        assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
 
 
 def test_check_mode_lets_rows_differ_between_ranks(comm):

@@ -204,7 +204,7 @@ alltoall_p = mpi_primitive(
 barrier_p = mpi_primitive("barrier", lambda **p: [])  # no operands: nothing to differentiate or batch
 
 
-# ragged_alltoall: counts known only at run time, an int32 operand whose last
+# ragged_alltoall: counts known only at run time, an int32 or int64 operand whose last
 # axis runs over ranks and whose axes before it are a batch (vmap), leading x's
 # too; `rows` is the result's length along x's rows axis. Its transpose sends
 # the rows back along the same counts (reverse=1), and the transpose of that
@@ -360,10 +360,10 @@ def ragged_alltoall(x, send_counts, *, rows=None, comm=None):
     and so on (`send_counts`: an integer array of one entry per rank, traced
     or not, with sum(send_counts) <= x.shape[0]). Returns (y, recv_counts): y
     has `rows` rows (default x.shape[0]), the rows received packed at its front
-    in rank order and zeros after them; recv_counts[j] rows came from rank j.
-    A rank that would receive more than `rows` rows, or whose send_counts do
-    not fit x, raises when the call runs, and every other rank raises with a
-    rank whose send_counts do not fit."""
+    in rank order and zeros after them; recv_counts[j] rows came from rank j
+    (int64 where send_counts are 64-bit or uint32, with x64; int32 otherwise).
+    Where a rank would receive more than `rows` rows, or its send_counts do
+    not fit x, no rows move and every rank raises when the call runs."""
     comm = _comm.resolve(comm, "ragged_alltoall")
     x = dtypes.array(x, "ragged_alltoall")
     if x.ndim == 0:
@@ -377,5 +377,16 @@ def ragged_alltoall(x, send_counts, *, rows=None, comm=None):
     rows = x.shape[0] if rows is None else validation.static_int(rows, "rows", "ragged_alltoall")
     if rows < 0:
         raise ValueError(f"mpijax.ragged_alltoall: rows must be non-negative, got {rows}")
-    y, received = ragged_alltoall_p.bind(x, counts.astype(jnp.int32), comm=comm.id, rows=rows, reverse=0)
+    y, received = ragged_alltoall_p.bind(x, _count_type(counts), comm=comm.id, rows=rows, reverse=0)
     return y, received
+
+
+def _count_type(counts):
+    """Counts as the handler takes them: int64 where they can exceed int32
+    (with x64), else int32; a count past the type saturates, so that it is
+    refused quoting a value above any rows, never wraps into another count."""
+    wide = jax.config.jax_enable_x64 and jnp.iinfo(counts.dtype).max > jnp.iinfo(jnp.int32).max
+    kind = jnp.int64 if wide else jnp.int32
+    if jnp.iinfo(counts.dtype).max > jnp.iinfo(kind).max:
+        counts = jnp.minimum(counts, jnp.asarray(jnp.iinfo(kind).max, counts.dtype))
+    return counts.astype(kind)
