@@ -948,7 +948,10 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
   }
   std::string missing;
   std::vector<int64_t> from;  // the log's list of peers
+  // After a failure the requests that follow are still completed (none is
+  // left pending), their results not written; the first failure is raised.
   const ffi::Error error = Run<Memory>(ctx, info, comm, kNoHostAccess, [&](const Comm&, Memory& m) {
+    int first = MPI_SUCCESS;
     size_t next = 0;
     for (size_t k = 0; k < ids.size(); ++k) {
       float id = 0;
@@ -957,20 +960,26 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
       if (id != 0) {
         const bool valid = id > 0 && id < static_cast<float>(kIdLimit) && id == std::floor(id);
         if (valid) p = Take(static_cast<int32_t>(id));
+        const bool failed_before = first != MPI_SUCCESS || !missing.empty();
         if (!p) {
           std::ostringstream name;
           name << id;
-          missing = "request " + name.str() + " is not pending (waited for already?)";
-          return MPI_SUCCESS;
+          if (!failed_before)
+            missing = "request " + name.str() + " is not pending (waited for already?)";
+          continue;
         }
         int failed = -1;
         if (const int rc = mpi::Finish(p->recvs, &p->requests, &failed)) {
-          Blame(info, p->recvs, p->sends, failed);
-          return rc;
+          if (!failed_before) {
+            Blame(info, p->recvs, p->sends, failed);
+            first = rc;
+          }
+          continue;
         }
+        if (failed_before) continue;
         if (static_cast<int64_t>(p->recvs.size()) != counts[k]) {
           missing = "the results do not match the pending receives";
-          return MPI_SUCCESS;
+          continue;
         }
         for (const mpi::Transfer& r : p->recvs) {
           from.push_back(r.peer);
@@ -981,6 +990,7 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
         info.from = from.data();
         info.num_from = static_cast<int64_t>(from.size());
       }
+      if (first != MPI_SUCCESS || !missing.empty()) continue;
       for (int64_t i = 0; i < counts[k]; ++i, ++next) {
         void* out = m.Out(*outs[next]);
         const size_t bytes = outs[next]->size_bytes();
@@ -989,7 +999,7 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
         const size_t copies = received ? bytes / received : 1;
         if (r && (received * copies != bytes || batch[k] % static_cast<int64_t>(copies) != 0)) {
           missing = "the results do not match the pending receives";
-          return MPI_SUCCESS;
+          break;
         }
         if (r && r->peer != MPI_PROC_NULL) {
           for (size_t j = 0; j < copies; ++j) {
@@ -1000,7 +1010,7 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
         }
       }
     }
-    return MPI_SUCCESS;
+    return first;
   });
   if (!missing.empty()) {
     return ffi::Error::Internal("mpijax.wait: " + missing);

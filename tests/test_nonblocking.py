@@ -326,6 +326,34 @@ def test_errors(comm):
         jax.block_until_ready(mpijax.wait(request))
 
 
+@pytest.mark.skipif(SIZE < 2, reason="a message to another rank")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_failed_wait_still_completes_the_requests_after_it(comm, mode):
+    """The wait's first request fails (a message longer than its receive):
+    the wait raises that, and completes the send after it all the same, so
+    that none is left pending (found by a tester: the send stayed pending,
+    reported at exit as never waited for)."""
+    before = mpijax._src.runtime.core.pending_requests()
+
+    def exchange(x):
+        received = mpijax.irecv(jnp.zeros(2), PREV, comm=comm)
+        return mpijax.wait([received, mpijax.isend(x, NEXT, comm=comm)])
+
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="MPI_ERR_TRUNCATE"):
+        jax.block_until_ready(MODES[mode](exchange)(jnp.ones(4)))
+    assert mpijax._src.runtime.core.pending_requests() == before
+
+
+def test_a_wait_refusing_a_request_completes_the_others(comm):
+    before = mpijax._src.runtime.core.pending_requests()
+    done = mpijax.ineighbor_exchange([jnp.ones(2)], [RANK], [RANK], comm=comm)
+    mpijax.wait(done)
+    fresh = mpijax.ineighbor_exchange([jnp.ones(2)], [RANK], [RANK], comm=comm)
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="is not pending"):
+        jax.block_until_ready(mpijax.wait([done, fresh]))
+    assert mpijax._src.runtime.core.pending_requests() == before
+
+
 def test_a_request_never_waited_for_is_an_error_at_trace_time(comm):
     def f(x):
         mpijax.isend(x, RANK, comm=comm)
