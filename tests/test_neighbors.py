@@ -139,6 +139,16 @@ def test_argument_errors_at_trace_time(comm, kwargs, error, match):
         jax.jit(lambda x: mpijax.neighbor_exchange([x], comm=comm, **kwargs)).lower(jnp.ones(3))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_one_array_for_the_list_of_sends_is_refused(comm, mode):
+    """sends=x for sends=[x]: an array would pass as one message per element
+    (found by a tester: "sources has 1 entries; expected 4")."""
+    with pytest.raises(TypeError, match="sends must be a list or tuple, got"):
+        MODES[mode](lambda x: mpijax.neighbor_exchange(x, [RANK], [RANK], comm=comm))(jnp.arange(4.0))
+    with pytest.raises(TypeError, match="sources must be a list or tuple, got ndarray"):
+        mpijax.neighbor_exchange([jnp.ones(2)], np.array([RANK]), [RANK], comm=comm)
+
+
 def test_a_message_to_oneself_needs_its_receive(comm):
     with pytest.raises(ValueError, match="goes to this rank itself with tag 0, but no receive"):
         mpijax.neighbor_exchange([jnp.ones(2)], [MPI.PROC_NULL], [RANK], comm=comm)

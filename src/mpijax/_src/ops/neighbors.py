@@ -20,7 +20,9 @@ from .point_to_point import _inexact, derivative_messages
 
 
 def _sequence(values, name, op, length=None):
-    if isinstance(values, jax.core.Tracer) or isinstance(values, str) or not hasattr(values, "__len__"):
+    """A list of one entry per message. Not an array, which would pass as one
+    entry per element (sends=x for sends=[x])."""
+    if isinstance(values, (str, jax.Array, np.ndarray)) or not hasattr(values, "__len__"):
         raise TypeError(f"mpijax.{op}: {name} must be a list or tuple, got {type(values).__name__}")
     if length is not None and len(values) != length:
         raise ValueError(f"mpijax.{op}: {name} has {len(values)} entries; expected {length}, one per message")
