@@ -4,8 +4,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "reductions.h"
@@ -13,12 +11,7 @@
 namespace mpijax {
 namespace {
 
-bool EnvFlag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
-std::atomic<bool> enabled{EnvFlag("MPIJAX_DEBUG") || EnvFlag("MPI4JAX_DEBUG")};
+std::atomic<bool> enabled{false};  // set at import from MPIJAX_DEBUG (runtime.py)
 std::atomic<int64_t> calls{0}, in_flight{0}, max_in_flight{0}, device_pointer_calls{0};
 
 void Append(std::string& line, const char* key, int value) {

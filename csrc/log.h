@@ -1,5 +1,5 @@
-// MPIJAX_DEBUG=1 (or MPI4JAX_DEBUG=1): one line per MPI call per rank on
-// stderr, written from C++ so that no GIL is taken on XLA's threads.
+// MPIJAX_DEBUG=1 (or MPI4JAX_DEBUG=1, read at import): one line per MPI call
+// per rank on stderr, written from C++ so that no GIL is taken on XLA's threads.
 #pragma once
 
 #include "call.h"

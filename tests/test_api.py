@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 import mpijax
-from mpijax._src import jax_version
+from mpijax._src import environment, jax_version
 from mpijax._src.runtime import core
 
 from reference import RANK, SIZE, stencil_loop
@@ -121,6 +121,25 @@ def test_error_messages_keep_mpi4jax_words():
         with pytest.raises(ValueError) as error:
             jax.jit(lambda x: mpijax.scatter(x, root))(jnp.zeros((SIZE + 1, 2)))
         assert str(error.value).startswith("mpijax.scatter: Scatter input must have shape (nproc, ...) on the root")
+
+
+@pytest.mark.parametrize(
+    "value,on",
+    [(None, False), ("", False), ("1", True), ("TRUE", True), ("on", True), ("yes", True)]
+    + [("0", False), ("false", False), ("Off", False), (" no ", False)],
+)
+def test_switches_read_as_mpi4jax_reads_its_own(monkeypatch, value, on):
+    """MPI4JAX_USE_CUDA_MPI=false turned CUDA-aware mode on, and
+    MPI4JAX_DEBUG=off the log (found by a tester): every switch reads the
+    words mpi4jax reads, and one that is set to another word raises."""
+    monkeypatch.delenv("MPIJAX_CHECK", raising=False)
+    if value is not None:
+        monkeypatch.setenv("MPIJAX_CHECK", value)
+    assert environment.flag("MPIJAX_CHECK") is on
+    assert environment.flag("MPIJAX_CHECK", default=True) is (on or value in (None, ""))
+    monkeypatch.setenv("MPIJAX_CHECK", "enabled")
+    with pytest.raises(ValueError, match=r"MPIJAX_CHECK='enabled': expected one of 1, true, on, yes \(on\)"):
+        environment.flag("MPIJAX_CHECK")
 
 
 def test_cuda_support_is_what_the_build_has():

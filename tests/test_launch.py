@@ -257,20 +257,21 @@ def test_user_communicators_and_world_right_after_import(tmp_path):
             assert (tmp_path / f"total.{rank}").read_text() == str([1.0] * 3)
 
 
-@pytest.mark.parametrize("variable", ["MPIJAX_DEBUG", "MPI4JAX_DEBUG"])
-def test_debug_environment_variable(tmp_path, variable):
+@pytest.mark.parametrize("variable,on,off", [("MPIJAX_DEBUG", "1", "0"), ("MPI4JAX_DEBUG", "True", "off")])
+def test_debug_environment_variable(tmp_path, variable, on, off):
     program = """
         import jax, jax.numpy as jnp
         from mpi4py import MPI
         import mpijax
         jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM))(jnp.ones(3, jnp.float32)).block_until_ready()
         """
-    result = mpirun(tmp_path, program, env={variable: "1"})
+    result = mpirun(tmp_path, program, env={variable: on})
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         # not anchored to line ends: MPICH's hydra may join the ranks' lines
         assert re.search(rf"mpijax r{rank} \| allreduce \| op SUM \| 3 x float32 \| 12 B \| [\d.]+ us", result.stderr)
-    quiet = mpirun(tmp_path, program, env={variable: "0"})
+    quiet = mpirun(tmp_path, program, env={variable: off})
+    assert quiet.returncode == 0, quiet.stderr
     assert "mpijax r" not in quiet.stderr
 
 
@@ -368,6 +369,20 @@ def test_import_before_mpi_is_initialised_raises():
         .splitlines()[-1]
         .startswith("ImportError: mpijax needs MPI initialised when it is imported")
     ), result.stderr[-2000:]
+
+
+def test_import_under_mpi_thread_funneled_raises():
+    """XLA makes the MPI calls on threads of its own: an MPI initialised at
+    MPI_THREAD_FUNNELED (which mpi4jax accepts) gets an ImportError that says
+    what to set."""
+    code = "import mpi4py; mpi4py.rc.thread_level = 'funneled'; import mpijax"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=fresh_job_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: mpijax needs MPI initialised with at least MPI_THREAD_SERIALIZED"), last
+    assert "mpi4py.rc.thread_level = 'multiple'" in result.stderr
 
 
 @pytest.mark.parametrize("variable", ["MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"])

@@ -3,11 +3,12 @@ API (jax_compat.py), which may change in any release: an untested JAX gets a
 warning at import. pyproject.toml's dependency on jax is this same range
 (tests/test_api.py keeps the two equal)."""
 
-import os
 import re
 import warnings
 
 import jax
+
+from . import environment
 
 # Oldest and newest tested, the whole suite on the CPU: 0.8.0 (and 0.10.2) in CI, 0.8.0 to
 # 0.12.0.1 in docs/jax_versions.log; 0.11.2 also in the GPU check on an H100
@@ -30,7 +31,7 @@ def warn_if_untested(version=None):
     low, high = TESTED
     if _release(low) <= _release(version) <= _release(high):
         return
-    if os.environ.get("MPIJAX_UNTESTED_JAX", "") not in ("", "0"):
+    if environment.flag("MPIJAX_UNTESTED_JAX"):
         return
     warnings.warn(
         f"mpijax was tested with JAX {low} to {high}, not with JAX {version}: it uses JAX's private API, "

@@ -9,6 +9,8 @@ import warnings
 import jax
 from mpi4py import MPI  # initialises MPI before any handler can run
 
+from . import environment
+
 with warnings.catch_warnings():
     # mpi4py's objects larger than our extension was compiled for are only a
     # warning to Cython's import check; to us, reading MPI handles out of
@@ -160,14 +162,11 @@ def set_cuda_aware(enabled=True):
         core.set_cuda_aware(enabled)
 
 
-def _flag(*names):
-    return any(os.environ.get(name, "") not in ("", "0") for name in names)
-
-
 def _settings_from_environment():
-    set_check(_flag("MPIJAX_CHECK"))
+    core.set_logging(environment.flag("MPIJAX_DEBUG", "MPI4JAX_DEBUG"))
+    set_check(environment.flag("MPIJAX_CHECK"))
     if has_cuda_support():  # a CPU-only build has no device memory to be aware of
-        set_cuda_aware(_flag("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"))
+        set_cuda_aware(environment.flag("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"))
     timeout = os.environ.get("MPIJAX_TIMEOUT", "")
     try:
         set_timeout(float(timeout) if timeout else None)
@@ -198,5 +197,5 @@ def _abort_after(previous_hook):
 
 
 _settings_from_environment()
-if os.environ.get("MPIJAX_ABORT_ON_EXCEPTION", "1") != "0":
+if environment.flag("MPIJAX_ABORT_ON_EXCEPTION", default=True):
     sys.excepthook = _abort_after(sys.excepthook)
