@@ -21,7 +21,12 @@ std::string Awaited(const CallInfo& call, const Comm& comm) {
   if (!PointToPoint(call)) {
     std::string text = "the other ranks of its communicator (size " + std::to_string(comm.size);
     if (call.root != kUnset) text += ", root " + std::to_string(call.root);
-    return text + ") to call " + call.op;
+    text += ") to call " + std::string(call.op);
+    // Open MPI 4.1 leaves a nonblocking collective over arrays of different
+    // sizes incomplete, with no error: then every rank did call it.
+    if (call.bytes > 0)
+      text += " (or for MPI to finish it: MPIJAX_CHECK=1 tells whether the ranks disagree)";
+    return text;
   }
   std::string text;
   if (call.source != kUnset) {

@@ -562,6 +562,13 @@ FAULTS = {
         {"MPIJAX_CHECK": "1"},
         r"rank 0 called allreduce\(SUM\) of float32\[2\]; rank 1 called allreduce\(SUM\) of float32\[3\]",
     ),
+    # the same under the watchdog, whose nonblocking collectives MPI does not
+    # fail so (Open MPI never completes them, MPICH may return garbage)
+    "mismatched shapes in check mode under the watchdog": (
+        "mpijax.allreduce(jnp.ones(2 + rank), MPI.SUM)",
+        {"MPIJAX_CHECK": "1", "MPIJAX_TIMEOUT": "3"},
+        r"rank 0 called allreduce\(SUM\) of float32\[2\]; rank 1 called allreduce\(SUM\) of float32\[3\]",
+    ),
 }
 
 
