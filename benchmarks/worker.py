@@ -13,7 +13,6 @@ Rank 0 prints one JSON line per case: microseconds per operation.
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
@@ -412,9 +411,10 @@ def run_dispatch():
         print(json.dumps({"dispatch_us": results}), flush=True)
 
 
-def rss_mib():
+def rss_mib(field="VmRSS"):
+    """The resident set now (or its peak: VmHWM), from the kernel's one count."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
 
 def run_memory(calls):
@@ -432,8 +432,7 @@ def run_memory(calls):
     for _ in range(calls):
         y = f(y)
     jax.block_until_ready(y)
-    after = rss_mib()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    after, peak = rss_mib(), rss_mib("VmHWM")
     results = dict(
         calls=calls,
         rss_before_mib=WORLD.allreduce(before, op=MPI.MAX),
