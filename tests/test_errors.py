@@ -119,6 +119,15 @@ def test_unsupported_dtype(comm, mode, dtype, name):
 
 
 @pytest.mark.parametrize(
+    "value,got", [(np.array(["a"]), "ndarray of dtype <U1"), ("abc", "str"), (None, "NoneType"), ([1, "x"], "list")]
+)
+def test_a_value_that_is_no_array_names_the_argument(comm, value, got):
+    """Not JAX's words about an internal function ("passed to stage")."""
+    with pytest.raises(TypeError, match=rf"^mpijax\.sendrecv: recvbuf must be an array or a number, got {got}$"):
+        mpijax.sendrecv(jnp.ones(2), value, RANK, RANK, comm=comm)
+
+
+@pytest.mark.parametrize(
     "call,name",
     [
         (lambda x, r, c: mpijax.bcast(x, r, comm=c), "root"),

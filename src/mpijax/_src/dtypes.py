@@ -86,6 +86,10 @@ def reduction_code(reduction, dtype, op):
 def array(x, op, arg="x"):
     """`x` as a JAX array of a supported dtype."""
     if not isinstance(x, jax.Array):  # asarray of an array is an eager call of its own
-        x = jnp.asarray(x)
+        try:
+            x = jnp.asarray(x)
+        except (TypeError, ValueError):
+            got = type(x).__name__ + (f" of dtype {x.dtype}" if hasattr(x, "dtype") else "")
+            raise TypeError(f"mpijax.{op}: {arg} must be an array or a number, got {got}") from None
     check_dtype(x.dtype, op, arg)
     return x

@@ -31,10 +31,12 @@ def rank(value, name, comm, op, *, allow=()):
         return value
     extra = "".join(f" or MPI.{_CONSTANTS[a]}" for a in allow)
     wildcard = value == MPI.ANY_SOURCE and name.startswith("source")
-    what = "MPI.ANY_SOURCE is not accepted" if wildcard else f"{value} is out of range"
-    raise ValueError(
-        f"mpijax.{op}: {name}={what} for a communicator of size {comm.size} (expected 0 <= {name} < {comm.size}{extra})"
+    what = (
+        "MPI.ANY_SOURCE is not accepted"
+        if wildcard
+        else f"{value} is out of range for a communicator of size {comm.size}"
     )
+    raise ValueError(f"mpijax.{op}: {name}={what} (expected 0 <= {name} < {comm.size}{extra})")
 
 
 def tag(value, name, op, *, allow_any=False):
