@@ -147,6 +147,7 @@ CallInfo DescribeVaried(const char* name, const char* v_name, const ffi::AnyBuff
 template <class Rows>
 mpi::Counts Elements(const Rows& rows, int64_t row) {
   mpi::Counts elements;
+  elements.reserve(rows.size());
   for (int64_t n : rows) elements.push_back(n * row);
   return elements;
 }

@@ -468,6 +468,8 @@ struct IntLayout {
   explicit IntLayout(const Counts& elements) {
     const Counts offsets = Offsets(elements);
     const int64_t limit = CountLimit();
+    counts.reserve(elements.size());
+    displacements.reserve(elements.size());
     for (size_t i = 0; i < elements.size(); ++i) {
       fits = fits && elements[i] <= limit && offsets[i] <= limit;
       counts.push_back(fits ? static_cast<int>(elements[i]) : 0);
@@ -486,6 +488,9 @@ class Placed {
     MPI_Aint lb, extent;
     error_ = MPI_Type_get_extent(element, &lb, &extent);
     const int64_t limit = CountLimit();
+    counts_.reserve(counts.size());
+    displacements_.reserve(counts.size());
+    types_.reserve(counts.size());
     for (size_t i = 0; i < counts.size() && !error_; ++i) {
       const int64_t bytes = offsets[i] * extent;
       if (counts[i] <= limit && offsets[i] <= limit && bytes <= INT_MAX) {
