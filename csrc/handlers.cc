@@ -401,37 +401,43 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
           mpi::Counts theirs(n);
           if (int rc = mpi::Alltoall(mine.data(), theirs.data(), 1, MPI_INT64_T, c.handle))
             return rc;
-          if (!Within(mine, mine_limit)) {
+          // A rank's own counts are at fault first: a peer's then mean
+          // nothing (negative ones are counted as none).
+          const bool bad_mine = !Within(mine, mine_limit);
+          const bool bad_theirs = Total(theirs) > theirs_limit;
+          // The first rank whose own counts do not fit, the first that would
+          // take more rows than it holds (or none: the size), and whether
+          // MPI_Alltoallv's ints fit everywhere (the least of 1s and 0s).
+          int64_t agreed[3] = {bad_mine ? c.rank : c.size, bad_theirs ? c.rank : c.size,
+                               largest <= mpi::CountLimit() / c.size};
+          if (int rc = mpi::Allreduce(agreed, agreed, 3, MPI_INT64_T, MPI_MIN, c.handle)) return rc;
+          const std::string element = batch > 1 ? " (batch element " + std::to_string(b) + ")" : "";
+          if (agreed[0] < c.size && bad_mine) {
             std::string list;
             for (int64_t v : mine) list += (list.empty() ? "" : ", ") + std::to_string(v);
-            problem = "counts [" + list + "] do not fit the " + std::to_string(mine_limit) +
-                      " rows they " + (reverse ? "receive into" : "send from") +
+            problem = "counts [" + list + "]" + element + " do not fit the " +
+                      std::to_string(mine_limit) + " rows they " +
+                      (reverse ? "receive into" : "send from") +
                       " (expected counts >= 0 summing to at most that)";
-          } else if (!Within(theirs, theirs_limit)) {
-            problem = "the counts of rank(s) sending here add up to " +
+          } else if (agreed[0] < c.size) {
+            problem = "the send_counts of rank " + std::to_string(agreed[0]) + element +
+                      " do not fit its rows (its error says how), so no rows moved";
+          } else if (agreed[1] < c.size && bad_theirs) {
+            problem = "the counts of rank(s) sending here" + element + " add up to " +
                       std::to_string(Total(theirs)) + " rows, more than the " +
                       std::to_string(theirs_limit) +
                       (reverse ? " rows of x" : " rows of the result (rows=)");
+          } else if (agreed[1] < c.size) {
+            problem = "rank " + std::to_string(agreed[1]) + element +
+                      " would take more rows than it holds (its error says how), so no rows moved";
           }
-          // The first rank whose counts do not fit (or none: the size), and
-          // whether MPI_Alltoallv's ints fit everywhere (the least of 1s and 0s).
-          int64_t agreed[2] = {problem.empty() ? c.size : c.rank,
-                               largest <= mpi::CountLimit() / c.size};
-          if (int rc = mpi::Allreduce(agreed, agreed, 2, MPI_INT64_T, MPI_MIN, c.handle)) return rc;
-          if (agreed[0] < c.size) {
-            if (problem.empty()) {
-              problem = "the counts rank " + std::to_string(agreed[0]) +
-                        " sends or receives do not fit its rows (its error says how), so no "
-                        "rows moved";
-            }
-            return MPI_SUCCESS;
-          }
+          if (!problem.empty()) return MPI_SUCCESS;
           const mpi::Counts& send = reverse ? theirs : mine;
           const mpi::Counts& recv = reverse ? mine : theirs;
           char* to = static_cast<char*>(m.Out(*y)) + b * y_rows * row_bytes;
           if (int rc = mpi::Alltoallv(static_cast<char*>(m.In(x)) + b * x_rows * row_bytes,
                                       Elements(send, row), to, Elements(recv, row), TypeOf(x),
-                                      c.handle, agreed[1])) {
+                                      c.handle, agreed[2] != 0)) {
             return rc;
           }
           const int64_t got = Total(recv);

@@ -142,6 +142,21 @@ def test_switches_read_as_mpi4jax_reads_its_own(monkeypatch, value, on):
         environment.flag("MPIJAX_CHECK")
 
 
+def test_mpijax_names_decide_over_mpi4jax_names_and_every_switch_is_checked(monkeypatch):
+    monkeypatch.setenv("MPIJAX_DEBUG", "0")
+    monkeypatch.setenv("MPI4JAX_DEBUG", "1")
+    assert environment.flag("MPIJAX_DEBUG", "MPI4JAX_DEBUG") is False
+    monkeypatch.setenv("MPIJAX_DEBUG", "")
+    assert environment.flag("MPIJAX_DEBUG", "MPI4JAX_DEBUG") is True
+    monkeypatch.setenv("MPIJAX_DEBUG", "yes")
+    monkeypatch.setenv("MPI4JAX_DEBUG", "2")
+    with pytest.raises(ValueError, match="MPI4JAX_DEBUG='2'"):
+        environment.flag("MPIJAX_DEBUG", "MPI4JAX_DEBUG")
+    monkeypatch.setenv("MPIJAX_UNTESTED_JAX", "maybe")  # checked with a tested JAX too
+    with pytest.raises(ValueError, match="MPIJAX_UNTESTED_JAX='maybe'"):
+        jax_version.warn_if_untested(jax_version.TESTED[0])
+
+
 def test_cuda_support_is_what_the_build_has():
     """A build with the CUDA toolkit has CUDA handlers, and programs lower for
     CUDA with the same token-threaded custom calls (checked without a GPU)."""

@@ -145,8 +145,11 @@ def test_one_array_for_the_list_of_sends_is_refused(comm, mode):
     (found by a tester: "sources has 1 entries; expected 4")."""
     with pytest.raises(TypeError, match="sends must be a list or tuple, got"):
         MODES[mode](lambda x: mpijax.neighbor_exchange(x, [RANK], [RANK], comm=comm))(jnp.arange(4.0))
-    with pytest.raises(TypeError, match="sources must be a list or tuple, got ndarray"):
-        mpijax.neighbor_exchange([jnp.ones(2)], np.array([RANK]), [RANK], comm=comm)
+    with pytest.raises(TypeError, match="sends must be a list or tuple, got dict"):
+        mpijax.neighbor_exchange({"a": jnp.ones(2)}, [RANK], [RANK], comm=comm)
+    # Arrays of ranks and tags are no ambiguity.
+    (y,) = mpijax.neighbor_exchange([jnp.ones(2)], np.array([RANK]), np.array([RANK]), tags=np.array([3]), comm=comm)
+    assert_equal(y, np.ones(2))
 
 
 def test_a_message_to_oneself_needs_its_receive(comm):

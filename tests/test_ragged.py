@@ -80,7 +80,7 @@ def test_counts_past_int32_are_refused_quoting_them(comm, dtype):
     says = (
         f"counts \\[{big}(, 0)*\\] do not fit the 1 rows"
         if RANK == 0
-        else "the counts rank 0 sends or receives do not fit its rows"
+        else "the send_counts of rank 0 do not fit its rows"
     )
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
         jax.block_until_ready(mpijax.ragged_alltoall(jnp.ones((1, 2)), counts, comm=comm))
@@ -149,7 +149,7 @@ def test_counts_that_do_not_fit_raise_on_every_rank(comm, mode):
     other rank, naming it."""
     counts = np.full(SIZE, 3) if RANK == 1 else np.eye(SIZE, dtype=int)[0]  # 2 rows each
     x = jnp.ones((2, 2)) * RANK
-    says = "counts .* do not fit the 2 rows" if RANK == 1 else "the counts rank 1 sends or receives do not fit its rows"
+    says = "counts .* do not fit the 2 rows" if RANK == 1 else "the send_counts of rank 1 do not fit its rows"
     f = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=4 * SIZE, comm=comm))
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
         jax.block_until_ready(f(x, counts))
@@ -165,13 +165,40 @@ def test_more_rows_than_the_result_holds_raise_on_every_rank(comm, mode):
     x = jnp.ones((2, 3)) * RANK
     f = MODES[mode](lambda x, c: mpijax.ragged_alltoall(x, c, rows=1, comm=comm))
     says = (
-        f"add up to {2 * SIZE} rows, more than the 1 rows"
-        if RANK == 0
-        else "the counts rank 0 sends or receives do not fit"
+        f"add up to {2 * SIZE} rows, more than the 1 rows" if RANK == 0 else "rank 0 would take more rows than it holds"
     )
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
         jax.block_until_ready(f(x, counts))
     assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a rank whose counts the others see")
+@pytest.mark.parametrize("bad", [-1, 5], ids=["negative", "too-many"])
+def test_the_rank_whose_counts_do_not_fit_is_the_one_named(comm, bad):
+    """The last rank's send_counts do not fit its 4 rows, and what it
+    announces would also overfill rank 0's result: every other rank names
+    the last rank (a tester: rank 0 said its receives added up to 1 row,
+    more than 4, or named itself for another rank's counts)."""
+    last = SIZE - 1
+    counts = np.array([bad] + [0] * last) if RANK == last else np.eye(SIZE, dtype=int)[0] * 2
+    says = "do not fit the 4 rows they send from" if RANK == last else f"the send_counts of rank {last} do not fit"
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
+        jax.block_until_ready(mpijax.ragged_alltoall(jnp.ones((4, 2)), counts, rows=2 * last + 1, comm=comm))
+
+
+@pytest.mark.parametrize("counts", [[2**32 + 1], [-(2**32) + 1], [2**40]])
+def test_host_counts_past_int32_are_refused_without_x64(comm, counts):
+    """Without x64, NumPy int64 counts (and Python ints) past int32 saturate
+    and are refused, not wrapped by jnp.asarray into 1 row (a tester)."""
+    counts = np.array(counts + [0] * (SIZE - 1), np.int64)
+    jax.config.update("jax_enable_x64", False)
+    try:
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="do not fit|send_counts of rank 0"):
+            jax.block_until_ready(
+                mpijax.ragged_alltoall(jnp.ones((1, 2)), counts if RANK == 0 else counts * 0, comm=comm)
+            )
+    finally:
+        jax.config.update("jax_enable_x64", True)
 
 
 def test_an_overflow_inside_a_loop_stops_every_rank_at_the_same_step(comm):
@@ -196,7 +223,7 @@ def test_an_overflow_inside_a_loop_stops_every_rank_at_the_same_step(comm):
         says = (
             f"add up to {4 * SIZE} rows, more than the 4 rows"
             if RANK == 0
-            else "the counts rank 0 sends or receives do not fit"
+            else "rank 0 would take more rows than it holds"
         )
         with pytest.raises(jax.errors.JaxRuntimeError, match=says):
             jax.block_until_ready(run(x, steps))

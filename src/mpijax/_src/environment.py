@@ -6,15 +6,15 @@ _ON, _OFF = ("1", "true", "on", "yes"), ("0", "false", "off", "no")
 
 
 def flag(*names, default=False):
-    """Whether any of these environment variables is on: 1, true, on or yes
-    (in any case), or off: 0, false, off or no; unset or empty, `default`.
-    Another value is refused, naming the variable, rather than taken for on."""
-    on = False
-    for name in names:
-        value = os.environ.get(name, "").strip().lower()
+    """Whether a switch is on: the first of its names that is set decides
+    (mpijax's own name before mpi4jax's), 1, true, on or yes (in any case)
+    for on and 0, false, off or no for off; none set (or empty), `default`.
+    Every set value is checked: another one is refused, naming the variable,
+    rather than taken for on."""
+    values = [(name, os.environ.get(name, "").strip().lower()) for name in names]
+    for name, value in values:
         if value and value not in _ON + _OFF:
             raise ValueError(
                 f"{name}={os.environ[name]!r}: expected one of {', '.join(_ON)} (on) or {', '.join(_OFF)} (off)"
             )
-        on = on or (value in _ON if value else default)
-    return on
+    return next((value in _ON for _, value in values if value), default)

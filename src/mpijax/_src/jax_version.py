@@ -29,9 +29,8 @@ def warn_if_untested(version=None):
     imported JAX's) is outside the tested range."""
     version = version or jax.__version__
     low, high = TESTED
-    if _release(low) <= _release(version) <= _release(high):
-        return
-    if environment.flag("MPIJAX_UNTESTED_JAX"):
+    silenced = environment.flag("MPIJAX_UNTESTED_JAX")  # checked also where it is not needed
+    if silenced or _release(low) <= _release(version) <= _release(high):
         return
     warnings.warn(
         f"mpijax was tested with JAX {low} to {high}, not with JAX {version}: it uses JAX's private API, "

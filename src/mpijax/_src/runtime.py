@@ -165,8 +165,9 @@ def set_cuda_aware(enabled=True):
 def _settings_from_environment():
     core.set_logging(environment.flag("MPIJAX_DEBUG", "MPI4JAX_DEBUG"))
     set_check(environment.flag("MPIJAX_CHECK"))
+    cuda_aware = environment.flag("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI")
     if has_cuda_support():  # a CPU-only build has no device memory to be aware of
-        set_cuda_aware(environment.flag("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI"))
+        set_cuda_aware(cuda_aware)
     timeout = os.environ.get("MPIJAX_TIMEOUT", "")
     try:
         set_timeout(float(timeout) if timeout else None)

@@ -17,6 +17,7 @@ all ranks lay out their messages alike.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.interpreters import ad
 
 from .. import comm as _comm
@@ -368,11 +369,14 @@ def ragged_alltoall(x, send_counts, *, rows=None, comm=None):
     x = dtypes.array(x, "ragged_alltoall")
     if x.ndim == 0:
         raise ValueError("mpijax.ragged_alltoall: x must have a leading axis of rows; got a scalar")
-    counts = send_counts if isinstance(send_counts, jax.Array) else jnp.asarray(send_counts)
+    expected = f"an integer array of shape ({comm.size},), one entry per rank"
+    try:  # counts from the host stay NumPy's until _count_type, which saturates them
+        counts = send_counts if isinstance(send_counts, jax.Array) else np.asarray(send_counts)
+    except ValueError:
+        raise TypeError(f"mpijax.ragged_alltoall: send_counts must be {expected}") from None
     if not jnp.issubdtype(counts.dtype, jnp.integer) or counts.shape != (comm.size,):
         raise ValueError(
-            f"mpijax.ragged_alltoall: send_counts must be an integer array of shape ({comm.size},), one entry "
-            f"per rank; got {counts.dtype}{list(counts.shape)}"
+            f"mpijax.ragged_alltoall: send_counts must be {expected}; got {counts.dtype}{list(counts.shape)}"
         )
     rows = x.shape[0] if rows is None else validation.static_int(rows, "rows", "ragged_alltoall")
     if rows < 0:
@@ -382,11 +386,16 @@ def ragged_alltoall(x, send_counts, *, rows=None, comm=None):
 
 
 def _count_type(counts):
-    """Counts as the handler takes them: int64 where they can exceed int32
-    (with x64), else int32; a count past the type saturates, so that it is
-    refused quoting a value above any rows, never wraps into another count."""
-    wide = jax.config.jax_enable_x64 and jnp.iinfo(counts.dtype).max > jnp.iinfo(jnp.int32).max
-    kind = jnp.int64 if wide else jnp.int32
-    if jnp.iinfo(counts.dtype).max > jnp.iinfo(kind).max:
-        counts = jnp.minimum(counts, jnp.asarray(jnp.iinfo(kind).max, counts.dtype))
-    return counts.astype(kind)
+    """Counts (a JAX or NumPy array) as the handler takes them: int64 where
+    they can exceed int32 (with x64), else int32; a count past the type
+    saturates, so that it is refused quoting a value beyond any rows, never
+    wraps into another count (as jnp.asarray would, without x64)."""
+    wide = jax.config.jax_enable_x64 and np.iinfo(counts.dtype).max > np.iinfo(np.int32).max
+    kind = np.dtype(np.int64 if wide else np.int32)
+    xp = np if isinstance(counts, np.ndarray) else jnp
+    have, fit = np.iinfo(counts.dtype), np.iinfo(kind)
+    if have.max > fit.max:
+        counts = xp.minimum(counts, xp.asarray(fit.max, counts.dtype))
+    if have.min < fit.min:
+        counts = xp.maximum(counts, xp.asarray(fit.min, counts.dtype))
+    return jnp.asarray(counts.astype(kind))

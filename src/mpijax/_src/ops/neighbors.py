@@ -19,10 +19,12 @@ from ..runtime import core
 from .point_to_point import _inexact, derivative_messages
 
 
-def _sequence(values, name, op, length=None):
-    """A list of one entry per message. Not an array, which would pass as one
-    entry per element (sends=x for sends=[x])."""
-    if isinstance(values, (str, jax.Array, np.ndarray)) or not hasattr(values, "__len__"):
+def _sequence(values, name, op, length=None, arrays=False):
+    """A list of one entry per message. An array of ranks or tags passes
+    (`arrays`), but not one of messages, which would pass as one message per
+    element (sends=x for sends=[x]); nor a dict or set, whose keys would."""
+    refused = (str, dict, set) + (() if arrays else (jax.Array, np.ndarray))
+    if isinstance(values, refused) or isinstance(values, jax.core.Tracer) or not hasattr(values, "__len__"):
         raise TypeError(f"mpijax.{op}: {name} must be a list or tuple, got {type(values).__name__}")
     if length is not None and len(values) != length:
         raise ValueError(f"mpijax.{op}: {name} has {len(values)} entries; expected {length}, one per message")
@@ -71,13 +73,13 @@ def exchange_lists(sends, sources, dests, recvs, tags, comm, op):
     n = len(sends)
     sources = tuple(
         validation.rank(s, f"sources[{i}]", comm, op, allow=(MPI.PROC_NULL,))
-        for i, s in enumerate(_sequence(sources, "sources", op, n))
+        for i, s in enumerate(_sequence(sources, "sources", op, n, arrays=True))
     )
     dests = tuple(
         validation.rank(d, f"dests[{i}]", comm, op, allow=(MPI.PROC_NULL,))
-        for i, d in enumerate(_sequence(dests, "dests", op, n))
+        for i, d in enumerate(_sequence(dests, "dests", op, n, arrays=True))
     )
-    tags = range(n) if tags is None else _sequence(tags, "tags", op, n)
+    tags = range(n) if tags is None else _sequence(tags, "tags", op, n, arrays=True)
     tags = tuple(validation.tag(t, f"tags[{i}]", op) for i, t in enumerate(tags))
     recvs = sends if recvs is None else _sequence(recvs, "recvs", op, n)
     specs = tuple(_spec(r, op, f"recvs[{i}]") for i, r in enumerate(recvs))
