@@ -562,6 +562,14 @@ FAULTS = {
         {"MPIJAX_CHECK": "1"},
         r"rank 0 called allreduce\(SUM\) of float32\[2\]; rank 1 called allreduce\(SUM\) of float32\[3\]",
     ),
+    # a collective over arrays of different sizes, without the watchdog (an
+    # erroneous program: a test in the pytest of the ranks could hang there)
+    "mismatched sizes": (
+        "mpijax.bcast(jnp.ones(4 if rank == 0 else 2), 0)",
+        {},
+        r"(?s)mpijax\.bcast failed on rank 1 of 2: MPI_ERR_TRUNCATE.*The ranks' arrays differ in size "
+        r"\(MPIJAX_CHECK=1 names the difference\)",
+    ),
     # the same under the watchdog, whose nonblocking collectives MPI does not
     # fail so (Open MPI never completes them, MPICH may return garbage)
     "mismatched shapes in check mode under the watchdog": (
