@@ -314,17 +314,8 @@ ffi::Error Alltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::Token, 
 MPIJAX_OP(Alltoall, "alltoall",
           Unary<P>().template Attr<Counts>("send_counts").template Attr<Counts>("recv_counts"));
 
-// Whether `counts` are non-negative and add up to at most `limit` (a peer's
-// counts can be anything: no sum that could overflow is formed).
-bool Within(const mpi::Counts& counts, int64_t limit) {
-  for (int64_t v : counts) {
-    if (v < 0 || v > limit) return false;
-    limit -= v;
-  }
-  return true;
-}
-
-// Their sum, negative ones counted as 0, saturating.
+// Their sum, negative ones counted as 0, saturating (a peer's counts can be
+// anything).
 int64_t Total(const mpi::Counts& counts) {
   int64_t total = 0;
   for (int64_t v : counts) {
@@ -403,7 +394,9 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
             return rc;
           // A rank's own counts are at fault first: a peer's then mean
           // nothing (negative ones are counted as none).
-          const bool bad_mine = !Within(mine, mine_limit);
+          const bool bad_mine =
+              Total(mine) > mine_limit ||
+              std::any_of(mine.begin(), mine.end(), [](int64_t v) { return v < 0; });
           const bool bad_theirs = Total(theirs) > theirs_limit;
           // The first rank whose own counts do not fit, the first that would
           // take more rows than it holds (or none: the size), and whether
@@ -412,7 +405,7 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
                                largest <= mpi::CountLimit() / c.size};
           if (int rc = mpi::Allreduce(agreed, agreed, 3, MPI_INT64_T, MPI_MIN, c.handle)) return rc;
           const std::string element = batch > 1 ? " (batch element " + std::to_string(b) + ")" : "";
-          if (agreed[0] < c.size && bad_mine) {
+          if (bad_mine) {
             std::string list;
             for (int64_t v : mine) list += (list.empty() ? "" : ", ") + std::to_string(v);
             problem = "counts [" + list + "]" + element + " do not fit the " +
@@ -422,7 +415,7 @@ ffi::Error RaggedAlltoall(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::A
           } else if (agreed[0] < c.size) {
             problem = "the send_counts of rank " + std::to_string(agreed[0]) + element +
                       " do not fit its rows (its error says how), so no rows moved";
-          } else if (agreed[1] < c.size && bad_theirs) {
+          } else if (bad_theirs) {
             problem = "the counts of rank(s) sending here" + element + " add up to " +
                       std::to_string(Total(theirs)) + " rows, more than the " +
                       std::to_string(theirs_limit) +
