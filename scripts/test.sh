@@ -32,6 +32,14 @@ source scripts/mpienv.sh
 python=.venv/bin/python
 logs=build/test-logs
 mkdir -p "$logs"
+# Three ranks on two cores: a rank that waits in Open MPI gives its core
+# away, as Open MPI does by itself where it knows the node is oversubscribed
+# (here it does not; test_collectives.py at 3 ranks: 95-118 s, 67 s with it).
+export OMPI_MCA_mpi_yield_when_idle=1
+# XLA's executables persist across the pytest runs (tests/conftest.py),
+# started afresh by each test.sh.
+rm -rf build/test-cache
+export MPIJAX_TEST_CACHE=$PWD/build/test-cache
 
 tools=()
 [ -f /usr/include/gtest/gtest.h ] || tools+=(libgtest-dev)
@@ -88,7 +96,7 @@ xla_gpu_tests() {  # .venv's mpijax compiled by XLA:GPU, through JAX's CUDA plug
   local jaxlib
   jaxlib=$("$python" -c "import jaxlib; print(jaxlib.__version__)")
   venv_on_top build/xla-gpu "$python" "jax-cuda13-plugin==$jaxlib" "jax-cuda13-pjrt==$jaxlib" \
-    && JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 MPIJAX_XLA_GPU_COMPILE=1 \
+    && JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 MPIJAX_XLA_GPU_COMPILE=1 MPIJAX_TEST_CACHE= \
       timeout 600 mpirun -n 2 build/xla-gpu/bin/python -m pytest -q --color=no tests/test_xla_gpu.py
 }
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then

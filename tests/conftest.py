@@ -3,6 +3,7 @@ the same order. Rank 0 reports as usual; the other ranks print only their
 failures and a one-line tally, so a failure on any rank is visible."""
 
 import collections
+import os
 import pathlib
 import sys
 
@@ -18,6 +19,15 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
 
 RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()
+
+# MPIJAX_TEST_CACHE=DIR (scripts/test.sh): XLA's executables persist in DIR,
+# so a later run skips compiling the programs an earlier one compiled (the
+# same HLO, under the same jaxlib: the other MPI's run, most of all). Each
+# rank has a folder of its own, as JAX does not write its entries atomically.
+# mpijax's lowering still runs in every test: the key is the lowered program.
+if os.environ.get("MPIJAX_TEST_CACHE"):
+    jax.config.update("jax_compilation_cache_dir", f"{os.environ['MPIJAX_TEST_CACHE']}/rank-{RANK}")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 class _OtherRankReporter:

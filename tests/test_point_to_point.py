@@ -160,7 +160,9 @@ def test_a_fresh_status_per_eager_call(comm, op):
         unregister = getattr(jax.monitoring, "unregister_event_duration_listener", None)
         if unregister:
             unregister(listener)
-    assert "/jax/core/compile/backend_compile_duration" not in compiles
+    # No tracing, lowering or compiling: the persistent cache of the test
+    # runs (conftest.py) would hide a compile, not a trace.
+    assert not [event for event in compiles if event.startswith("/jax/core/compile/")]
     assert len(point_to_point._statuses) == kept
 
 
