@@ -16,7 +16,7 @@ from mpi4py import MPI
 import mpijax
 from mpijax._src.runtime import core
 
-from reference import RANK, SIZE, big_vector
+from reference import MODES, RANK, SIZE, assert_equal, big_vector, count_calls
 
 NEXT = (RANK + 1) % SIZE
 PREV = (RANK - 1) % SIZE
@@ -253,6 +253,34 @@ LOOPS = {
 def test_control_flow(comm, loop):
     result = jax.jit(lambda x: LOOPS[loop](x, comm))(big_vector(RANK, jnp.float64))
     np.testing.assert_array_equal(result, expected_after(3))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vmap_of_a_loop_until_the_ranks_agree_it_converged(comm, watchdog, capfd, mode):
+    """`while allreduce(x, MAX) > 1: x = sendrecv(x / 2, ...)` under two
+    vmaps, over cases that take 0 to 7 steps: each case stops at its own step
+    and keeps what it had, as it does alone (JAX's own lowering ran every case
+    to the last one's step), and each step makes one allreduce and one
+    sendrecv for the whole batch."""
+    start = [np.array([[4.0, 32.0, 1.5], [0.5, 100.0, 8.0]]) * (1 + r / 4) for r in range(SIZE)]
+
+    def loop(x):
+        going = lambda c: mpijax.allreduce(c[1], MPI.MAX, comm=comm) > 1  # noqa: E731
+        step = lambda c: (c[0] + 1, mpijax.sendrecv(c[1] / 2, c[1], PREV, NEXT, comm=comm))  # noqa: E731
+        return lax.while_loop(going, step, (0, x))
+
+    steps, values = np.zeros((2, 3), int), np.stack(start).copy()
+    for b in np.ndindex(2, 3):
+        while values[(slice(None), *b)].max() > 1:
+            values[(slice(None), *b)] = np.roll(values[(slice(None), *b)], 1) / 2
+            steps[b] += 1
+    assert steps.min() == 0 and len(set(steps.flat)) == 6
+    run = MODES[mode](jax.vmap(jax.vmap(loop)))
+    calls = count_calls(capfd, lambda: run(start[RANK]))
+    got_steps, got = run(start[RANK])
+    assert_equal(got_steps, steps.astype(got_steps.dtype))
+    assert_equal(got, values[RANK])
+    assert calls == 1 + 2 * steps.max()
 
 
 def test_disable_jit_runs_the_same_calls_eagerly(comm, watchdog):

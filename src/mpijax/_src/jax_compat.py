@@ -78,6 +78,55 @@ def reuse_runtime_tokens_in_place():
     token_set.get_token_input = get_token_input
 
 
+def batched_while_loops_keep_finished_elements(effect_type):
+    """Under vmap, a while_loop whose condition differs between batch
+    elements runs until the last element is done, and an element that is
+    done must keep its carry. JAX lowers a condition with an ordered effect
+    (an MPI call: `while allreduce(err) > tol`) once per iteration, inside
+    the body, to make its calls once, but then runs the body on every
+    element to the end (JAX 0.8 to 0.10): a finished element went on, with
+    no error. Such loops are lowered here with the batched predicate in the
+    carry: each iteration keeps the carry of the elements already done, and
+    the condition still runs once per iteration. Every other loop takes
+    JAX's own lowering."""
+    from jax._src.lax.control_flow.loops import while_p
+
+    jax_rule = _mlir._lowerings[while_p].rule
+
+    def rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+        if not (cond_jaxpr.out_avals[0].shape and any(isinstance(e, effect_type) for e in cond_jaxpr.effects)):
+            return jax_rule(
+                ctx,
+                *args,
+                cond_jaxpr=cond_jaxpr,
+                body_jaxpr=body_jaxpr,
+                cond_nconsts=cond_nconsts,
+                body_nconsts=body_nconsts,
+            )
+
+        def loop(*args):
+            cond_consts, body_consts, carry = _util.split_list(args, [cond_nconsts, body_nconsts])
+
+            def going(carry, before=True):  # per element; once done, done
+                return before & _core.eval_jaxpr(cond_jaxpr.jaxpr, cond_jaxpr.consts, *cond_consts, *carry)[0]
+
+            def step(state):
+                pred, carry = state
+                new = _core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts, *body_consts, *carry)
+                dims = tuple(range(pred.ndim))
+                kept = [
+                    lax.select(lax.broadcast_in_dim(pred, jnp.shape(x), dims), n, x)
+                    for n, x in zip(new, carry, strict=True)
+                ]
+                return going(kept, pred), kept
+
+            return lax.while_loop(lambda state: jnp.any(state[0]), step, (going(carry), list(carry)))[1]
+
+        return _mlir.lower_fun(loop)(ctx, *args)
+
+    _mlir.register_lowering(while_p, rule)
+
+
 def aot_calls_thread_runtime_tokens():
     """An ahead-of-time compiled program (`jax.jit(f).lower(x).compile()`)
     is called through JAX's C++ fast path whenever it has no unordered

@@ -29,6 +29,7 @@ mpi_effect = MpiEffect()
 jax_compat.register_ordered_effect(MpiEffect)
 jax_compat.reuse_runtime_tokens_in_place()
 jax_compat.aot_calls_thread_runtime_tokens()
+jax_compat.batched_while_loops_keep_finished_elements(MpiEffect)
 seal = jax_compat.seal_at_top_level(mpi_effect)
 
 
