@@ -9,7 +9,9 @@ namespace mpijax {
 bool LogEnabled();
 void SetLogEnabled(bool enabled);
 
-void LogCall(const CallInfo& call, int rank, double seconds, int error_code);
+// `outcome`: null for a call that ran, else what happened instead
+// ("FAILED", "REFUSED by check mode").
+void LogCall(const CallInfo& call, int rank, double seconds, const char* outcome);
 
 // Counts of handler calls, always on (two atomic updates a call): the token
 // chain must keep at most one MPI call in flight per process, and

@@ -57,6 +57,7 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
   InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();
   std::string mismatch;
+  const CallInfo asked = info;  // for the log: check mode narrows the peers it refuses
   int code = CheckEnabled() && info.checked ? Agree(info, comm.handle, &mismatch) : MPI_SUCCESS;
   // A collective that ranks disagree on must not run; point-to-point calls
   // run what still matches (check.h).
@@ -64,7 +65,12 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
   if (code == MPI_SUCCESS) memory.Finish();
   if (LogEnabled()) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-    LogCall(info, comm.rank, elapsed.count(), code);
+    // The call fills in `info` as it runs (a wait its messages, a failure the
+    // one at fault: Blame, in handlers.cc).
+    LogCall(code || mismatch.empty() ? info : asked, comm.rank, elapsed.count(),
+            code               ? "FAILED"
+            : mismatch.empty() ? nullptr
+                               : "REFUSED by check mode");
   }
   if (code != MPI_SUCCESS) return Failure(info, comm, code);
   if (const std::string error = memory.error(); !error.empty()) {

@@ -106,6 +106,38 @@ def test_failed_call_is_marked(comm, log):
     assert line.endswith("| FAILED")
 
 
+def test_special_ranks_and_tags_by_name(comm, log):
+    """MPI.PROC_NULL as null, MPI.ANY_SOURCE and MPI.ANY_TAG as any: their
+    numbers differ between MPI libraries."""
+    x = jnp.ones(2, jnp.float32)
+    mpijax.sendrecv(x, x, MPI.PROC_NULL, MPI.PROC_NULL, comm=comm)
+    mpijax.sendrecv(x, x, MPI.ANY_SOURCE, NEXT, sendtag=3, comm=comm)
+    nulls, anys = log()
+    assert " | dest null | source null | sendtag 0 | recvtag any | " in nulls
+    assert f" | dest {NEXT} | source any | sendtag 3 | recvtag any | " in anys
+
+
+@pytest.mark.skipif(SIZE < 2, reason="check mode compares ranks")
+def test_a_call_that_check_mode_refuses_is_marked_with_its_peers(comm, log, watchdog):
+    """The ranks' own peers, not the null that check mode puts in place of
+    the message it refuses."""
+    x = jnp.ones(2, jnp.float32)
+    mpijax.set_check(True)
+    try:
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="check mode"):
+            jax.block_until_ready(mpijax.allreduce(jnp.ones(2 + (RANK == 0)), MPI.SUM, comm=comm))
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="check mode"):
+            jax.block_until_ready(mpijax.sendrecv(x, x, PREV, NEXT, sendtag=RANK, recvtag=RANK, comm=comm))
+        jax.block_until_ready(mpijax.allreduce(x, MPI.SUM, comm=comm))
+    finally:
+        mpijax.set_check(False)
+    refused_allreduce, refused_sendrecv, allreduce = log()
+    assert refused_allreduce.endswith(" us | REFUSED by check mode")
+    assert f" | dest {NEXT} | source {PREV} | sendtag {RANK} | recvtag {RANK} | " in refused_sendrecv
+    assert refused_sendrecv.endswith(" us | REFUSED by check mode")
+    assert allreduce.endswith(" us")
+
+
 def test_off_by_default_and_when_disabled(comm, capfd):
     assert not core.logging()
     jax.block_until_ready(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm))
