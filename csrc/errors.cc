@@ -80,9 +80,10 @@ std::string ErrorClassName(int code) {
 }
 
 // What usually causes an error of class `name`, where a user can act on it:
-// a message too long for its receive comes from arrays of different sizes,
-// and under vmap of a derivative from a receive buffer that vmap does not
-// batch while the sender's array is batched (docs/autodiff.md, rule 2).
+// a message too long for its receive comes from arrays of different sizes
+// (or from another collective on some rank), and under vmap of a derivative
+// from a receive buffer that vmap does not batch while the sender's array is
+// batched (docs/autodiff.md, rule 2).
 std::string Hint(const CallInfo& call, const std::string& name) {
   if (name != "MPI_ERR_TRUNCATE") return "";
   if (!Collective(call)) {
@@ -91,7 +92,8 @@ std::string Hint(const CallInfo& call, const std::string& name) {
            "receive's buffer is not (a constant such as jnp.zeros(...); receive into one computed "
            "from the batched value, see docs/autodiff.md, rule 2)";
   }
-  return ". The ranks' arrays differ in size (MPIJAX_CHECK=1 names the difference)";
+  return ". The ranks' arrays differ in size, or the ranks called different collectives "
+         "(MPIJAX_CHECK=1 names the difference)";
 }
 
 }  // namespace

@@ -157,6 +157,24 @@ def test_mpijax_names_decide_over_mpi4jax_names_and_every_switch_is_checked(monk
         jax_version.warn_if_untested(jax_version.TESTED[0])
 
 
+def test_setters_take_a_bool_and_seconds_not_words():
+    """set_check("false") turned check mode on, and set_timeout(True) set one
+    second (found by a tester)."""
+    before = core.check(), core.timeout()
+    for value in ["false", "0", None, 0.5]:
+        with pytest.raises(TypeError, match=f"mpijax.set_check: enabled must be True or False, got {value!r}"):
+            mpijax.set_check(value)
+    for value in ["5", True, np.bool_(False)]:
+        with pytest.raises(TypeError, match="mpijax.set_timeout: seconds must be a number or None"):
+            mpijax.set_timeout(value)
+    with pytest.raises(ValueError, match="mpijax.set_timeout: seconds must be >= 0 or None, got -1.0"):
+        mpijax.set_timeout(-1)
+    assert (core.check(), core.timeout()) == before
+    mpijax.set_check(np.bool_(before[0]))
+    mpijax.set_timeout(np.float32(before[1]))
+    assert (core.check(), core.timeout()) == before
+
+
 def test_cuda_support_is_what_the_build_has():
     """A build with the CUDA toolkit has CUDA handlers, and programs lower for
     CUDA with the same token-threaded custom calls (checked without a GPU)."""

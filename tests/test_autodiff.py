@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import MODES, RANK, SIZE, count_calls, transposed
+from reference import MODES, RANK, SIZE, assert_equal, count_calls, transposed
 
 # A derivative that waits for a message that never comes fails, not hangs.
 pytestmark = pytest.mark.usefixtures("watchdog")
@@ -705,6 +705,18 @@ def test_receives_from_anyone_cannot_be_linearly_transposed(comm, case):
     x = jnp.asarray(inputs(case)[RANK])
     with pytest.raises(NotImplementedError, match="cannot transpose a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG"):
         jax.linear_transpose(functools.partial(call_with, case.call, comm), x)(x)
+
+
+def test_a_custom_jvp_rule_receiving_from_anyone_is_refused_under_grad(comm):
+    """JAX transposes a custom_jvp rule's tangent code under grad without
+    running it: the same error as linear_transpose's, which now names the
+    case (found by a tester, with sendrecv's default recvtag)."""
+    shift = jax.custom_jvp(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))
+    shift.defjvp(lambda primals, tangents: (shift(*primals), shift(*tangents)))
+    x = jnp.arange(3.0) + RANK
+    assert_equal(jax.jvp(shift, (x,), (2 * x,))[1], 2 * (jnp.arange(3.0) + PREV))
+    with pytest.raises(NotImplementedError, match="that has not run: .*a custom_jvp rule's tangent under jax.grad"):
+        jax.grad(lambda x: jnp.sum(shift(x)))(x)
 
 
 @pytest.mark.parametrize("mode", MODES)

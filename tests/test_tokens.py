@@ -202,3 +202,9 @@ def test_auto_tokenize_runs_token_code_under_control_flow(comm, loop):
 def test_token_free_api_refuses_tokens_with_a_migration_message(name, args):
     with pytest.raises(RuntimeError, match=rf"mpijax\.{name} takes no token: .*mpijax\.tokens\.{name}"):
         getattr(mpijax, name)(*args, token=tokens.gen_token())
+
+
+def test_a_token_that_is_not_one_is_refused_by_name(comm):
+    """A string gave JAX's internal error about mpijax_join (found by a tester)."""
+    with pytest.raises(TypeError, match=r"mpijax\.tokens\.allreduce: token must be a token .* got str"):
+        tokens.allreduce(jnp.ones(2), MPI.SUM, comm=comm, token="tok")

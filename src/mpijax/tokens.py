@@ -9,6 +9,7 @@ tokens cannot be carried through lax loops and cond); a JAX token from
 ``jax.lax.create_token()`` is accepted too.
 """
 
+import jax
 import jax.numpy as jnp
 from mpi4py import MPI
 
@@ -30,9 +31,17 @@ def gen_token():
 create_token = gen_token
 
 
-def _after(token):
-    if token is not None:
-        join_p.bind(token)
+def _after(token, op):
+    if token is None:
+        return
+    try:
+        jax.typeof(token)
+    except TypeError:
+        raise TypeError(
+            f"mpijax.{op}: token must be a token (from create_token(), jax.lax.create_token() or an "
+            f"earlier call), got {type(token).__name__}"
+        ) from None
+    join_p.bind(token)
 
 
 def _token():
@@ -40,64 +49,64 @@ def _token():
 
 
 def allgather(x, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.allgather")
     return collectives.allgather(x, comm=comm), _token()
 
 
 def allreduce(x, op, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.allreduce")
     return reductions.allreduce(x, op, comm=comm), _token()
 
 
 def alltoall(x, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.alltoall")
     return collectives.alltoall(x, comm=comm), _token()
 
 
 def barrier(*, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.barrier")
     collectives.barrier(comm=comm)
     return _token()
 
 
 def bcast(x, root, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.bcast")
     return collectives.bcast(x, root, comm=comm), _token()
 
 
 def gather(x, root, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.gather")
     return collectives.gather(x, root, comm=comm), _token()
 
 
 def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, token=None):
-    _after(token)
+    _after(token, "tokens.recv")
     return point_to_point.recv(x, source, tag=tag, comm=comm, status=status), _token()
 
 
 def reduce(x, op, root, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.reduce")
     return reductions.reduce(x, op, root, comm=comm), _token()
 
 
 def scan(x, op, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.scan")
     return reductions.scan(x, op, comm=comm), _token()
 
 
 def scatter(x, root, *, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.scatter")
     return collectives.scatter(x, root, comm=comm), _token()
 
 
 def send(x, dest, *, tag=0, comm=None, token=None):
-    _after(token)
+    _after(token, "tokens.send")
     point_to_point.send(x, dest, tag=tag, comm=comm)
     return _token()
 
 
 def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None, token=None):
-    _after(token)
+    _after(token, "tokens.sendrecv")
     result = point_to_point.sendrecv(
         sendbuf, recvbuf, source, dest, sendtag=sendtag, recvtag=recvtag, comm=comm, status=status
     )

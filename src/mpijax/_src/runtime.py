@@ -1,12 +1,14 @@
 """Loads the C++ extension: checks that it runs on mpi4py's MPI library,
 registers the FFI handlers with XLA, and applies the MPIJAX_* settings."""
 
+import numbers
 import os
 import sys
 import time
 import warnings
 
 import jax
+import numpy as np
 from mpi4py import MPI  # initialises MPI before any handler can run
 
 from . import environment
@@ -95,6 +97,11 @@ def set_check(enabled=True):
     # A queued call reads the setting when it runs: were it changed under
     # it, one rank could send the agreement's message to a rank that makes
     # the plain call, which takes it for its data.
+    if not isinstance(enabled, numbers.Integral | np.bool_):  # bool is an Integral
+        raise TypeError(
+            f"mpijax.set_check: enabled must be True or False, got {enabled!r}"
+            + (" (MPIJAX_CHECK reads words; set_check takes a bool)" if isinstance(enabled, str) else "")
+        )
     jax.effects_barrier()
     core.set_check(bool(enabled))
 
@@ -108,6 +115,8 @@ def set_timeout(seconds):
     nonblocking forms of the collectives run, and MPI never matches a
     blocking collective with a nonblocking one. Same as
     MPIJAX_TIMEOUT=seconds."""
+    if seconds is not None and (isinstance(seconds, bool | np.bool_) or not isinstance(seconds, numbers.Real)):
+        raise TypeError(f"mpijax.set_timeout: seconds must be a number or None, got {seconds!r}")
     seconds = 0.0 if seconds is None else float(seconds)
     if not seconds >= 0:
         raise ValueError(f"mpijax.set_timeout: seconds must be >= 0 or None, got {seconds}")

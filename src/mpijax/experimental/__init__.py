@@ -13,7 +13,7 @@ def auto_tokenize(f, token=None):
 
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
-        _after(token)
+        _after(token, "experimental.auto_tokenize")
         return f(*args, **kwargs)
 
     return wrapper

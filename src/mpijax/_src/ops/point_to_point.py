@@ -57,10 +57,12 @@ def check_transposable(name):
     def check(**params):
         if receives_from_anyone(params):
             raise NotImplementedError(
-                f"mpijax.{name}: jax.linear_transpose cannot transpose a receive from MPI.ANY_SOURCE or with "
-                "MPI.ANY_TAG: the transpose answers the rank that sent, under the tag it used, which only the "
-                "receive finds out, and linear_transpose does not run it. jax.grad, jax.vjp and jax.jacrev run it "
-                "first and then transpose it; for linear_transpose, pass source and tag"
+                f"mpijax.{name}: cannot transpose a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG that has "
+                "not run: the transpose answers the rank that sent, under the tag it used, which only the "
+                "receive finds out. jax.grad, jax.vjp and jax.jacrev run it first; jax.linear_transpose does "
+                "not, nor does JAX where it transposes code itself (a custom_jvp rule's tangent under jax.grad, "
+                "lax.custom_linear_solve's matvec, as in jax.scipy's bicgstab). There, pass source and tag "
+                "(recvtag= for sendrecv)"
             )
 
     return check
