@@ -399,7 +399,8 @@ def test_cuda_aware_mode_from_the_environment(tmp_path, variable):
         assert result.returncode == 0 and result.stdout.strip() == "cpu", result.stderr
     elif runtime.core.cuda_aware_mpi() == 0:
         assert result.returncode != 0
-        assert "says it cannot move device memory" in result.stderr.strip().splitlines()[-1], result.stderr
+        refusal = result.stderr.strip().splitlines()[-1]
+        assert "says it cannot move device memory" in refusal and f"or unset {variable}:" in refusal, result.stderr
     else:
         assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
 

@@ -157,15 +157,18 @@ def set_cuda_aware(enabled=True):
     built with CUDA support: refused if the library says it has none. Takes
     effect at once, also for compiled functions; set it alike on every rank.
     Same as MPIJAX_CUDA_AWARE=1 (or mpi4jax's MPI4JAX_USE_CUDA_MPI=1)."""
-    enabled = bool(enabled)
+    _set_cuda_aware(bool(enabled), "do not call mpijax.set_cuda_aware(True)")
+
+
+def _set_cuda_aware(enabled, instead):
     if enabled and not has_cuda_support():
         raise RuntimeError("mpijax.set_cuda_aware: this build of mpijax has no CUDA handlers")
     if enabled and core.cuda_aware_mpi() == 0:
         library = _first_line(MPI.Get_library_version())
         raise RuntimeError(
             f"mpijax: CUDA-aware mode was asked for, but the MPI library ({library}) says it cannot "
-            "move device memory. Use an MPI built with CUDA support, or leave MPIJAX_CUDA_AWARE "
-            "unset: mpijax then stages device data through pinned host memory."
+            f"move device memory. Use an MPI built with CUDA support, or {instead}: mpijax then stages "
+            "device data through pinned host memory."
         )
     if has_cuda_support():
         core.set_cuda_aware(enabled)
@@ -174,9 +177,10 @@ def set_cuda_aware(enabled=True):
 def _settings_from_environment():
     core.set_logging(environment.flag("MPIJAX_DEBUG", "MPI4JAX_DEBUG"))
     set_check(environment.flag("MPIJAX_CHECK"))
-    cuda_aware = environment.flag("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI")
+    names = ("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI")
     if has_cuda_support():  # a CPU-only build has no device memory to be aware of
-        set_cuda_aware(cuda_aware)
+        asked = next((name for name in names if os.environ.get(name, "").strip()), names[0])
+        _set_cuda_aware(environment.flag(*names), f"unset {asked}")
     timeout = os.environ.get("MPIJAX_TIMEOUT", "")
     try:
         set_timeout(float(timeout) if timeout else None)
