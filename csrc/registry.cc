@@ -1,6 +1,7 @@
 #include "registry.h"
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
@@ -106,6 +107,25 @@ int64_t RegisterComm(MPI_Comm comm) {
 }
 
 bool LookupComm(int64_t id, MPI_Comm* comm) { return Comms().Lookup(id, comm); }
+
+namespace {
+std::mutex abandoned_mutex;
+std::map<int64_t, std::string>& Abandoned() {
+  static auto* abandoned = new std::map<int64_t, std::string>();
+  return *abandoned;
+}
+}  // namespace
+
+void AbandonComm(int64_t id, const char* op) {
+  std::lock_guard<std::mutex> lock(abandoned_mutex);
+  Abandoned().emplace(id, op);
+}
+
+std::string AbandonedBy(int64_t id) {
+  std::lock_guard<std::mutex> lock(abandoned_mutex);
+  const auto it = Abandoned().find(id);
+  return it == Abandoned().end() ? "" : it->second;
+}
 
 int64_t RegisterOp(MPI_Op op) {
   if (op == MPI_OP_NULL) throw std::invalid_argument("cannot register MPI_OP_NULL");

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 
 namespace mpijax {
 
@@ -15,6 +16,13 @@ int64_t RegisterComm(MPI_Comm comm);
 
 // False when `id` was never registered.
 bool LookupComm(int64_t id, MPI_Comm* comm);
+
+// A collective that timed out stays pending in MPI, which cannot cancel it,
+// and may still write into buffers that XLA has since reused: its
+// communicator takes no more calls. AbandonedBy gives the op of the
+// collective that timed out on `id`, or "".
+void AbandonComm(int64_t id, const char* op);
+std::string AbandonedBy(int64_t id);
 
 // The same for user-defined reduction operators (mpi4py's MPI.Op.Create).
 // Throws std::invalid_argument for MPI_OP_NULL.

@@ -316,6 +316,25 @@ def test_watchdog_names_a_collective_that_a_rank_missed(comm, timeout):
     MPI.COMM_WORLD.Barrier()
 
 
+@needs_two
+def test_a_communicator_whose_collective_timed_out_takes_no_more_calls(comm, timeout):
+    """MPI cannot cancel a collective that timed out: a later call on its
+    communicator ran beside it (a tester's allreduce after one that timed out
+    crashed the process). It is refused, on that communicator only."""
+    if RANK == 0:
+        with pytest.raises(jax.errors.JaxRuntimeError, match="timed out"):
+            mpijax.barrier(comm=comm)
+        refused = r"mpijax\.allreduce on rank 0 of \d+: an earlier barrier on this communicator timed out unfinished"
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=refused):
+            jax.block_until_ready(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm))
+    MPI.COMM_WORLD.Barrier()
+    mpijax.set_timeout(30)  # as above: the others complete rank 0's barrier
+    if RANK != 0:
+        mpijax.barrier(comm=comm)
+    MPI.COMM_WORLD.Barrier()
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM), np.full(2, float(SIZE)))
+
+
 def test_watchdog_lets_calls_that_complete_through(comm, timeout):
     x = jnp.asarray(data((1000,), "float64", RANK))
     f = jax.jit(lambda x: mpijax.allreduce(mpijax.sendrecv(x, x, PREV, NEXT, comm=comm), MPI.SUM, comm=comm))
