@@ -10,9 +10,10 @@
 // nonblocking form and polls it, and gives up with kTimedOut once it has not
 // completed in time. A timed-out receive is cancelled; a collective cannot be
 // (MPI forbids it) and stays pending, so its communicator takes no more
-// calls (AbandonComm, registry.h). Without a timeout the blocking forms run, which MPI libraries
-// tune better than the nonblocking ones. Since MPI never matches a blocking collective with a
-// nonblocking one, every rank must use the same setting.
+// calls (AbandonComm, registry.h). Without a timeout the blocking forms
+// run, which MPI libraries tune better than the nonblocking ones. Since MPI
+// never matches a blocking collective with a nonblocking one, every rank
+// must use the same setting.
 #pragma once
 
 #include <mpi.h>
