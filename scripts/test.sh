@@ -96,7 +96,7 @@ xla_gpu_tests() {  # .venv's mpijax compiled by XLA:GPU, through JAX's CUDA plug
   local jaxlib
   jaxlib=$("$python" -c "import jaxlib; print(jaxlib.__version__)")
   venv_on_top build/xla-gpu "$python" "jax-cuda13-plugin==$jaxlib" "jax-cuda13-pjrt==$jaxlib" \
-    && JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 MPIJAX_XLA_GPU_COMPILE=1 MPIJAX_TEST_CACHE= \
+    && JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 MPIJAX_XLA_GPU_COMPILE=1 MPIJAX_TEST_CACHE='' \
       timeout 600 mpirun -n 2 build/xla-gpu/bin/python -m pytest -q --color=no tests/test_xla_gpu.py
 }
 if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
