@@ -91,18 +91,15 @@ def batched_while_loops_keep_finished_elements(effect_type):
     JAX's own lowering."""
     from jax._src.lax.control_flow.loops import while_p
 
-    jax_rule = _mlir._lowerings[while_p].rule
+    jax_rule = getattr(_mlir._lowerings.get(while_p), "rule", None)
+    if jax_rule is None:  # a JAX whose table of lowerings differs keeps its own
+        return
 
-    def rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    def rule(ctx, *args, **params):
+        cond_jaxpr, body_jaxpr = params["cond_jaxpr"], params["body_jaxpr"]
         if not (cond_jaxpr.out_avals[0].shape and any(isinstance(e, effect_type) for e in cond_jaxpr.effects)):
-            return jax_rule(
-                ctx,
-                *args,
-                cond_jaxpr=cond_jaxpr,
-                body_jaxpr=body_jaxpr,
-                cond_nconsts=cond_nconsts,
-                body_nconsts=body_nconsts,
-            )
+            return jax_rule(ctx, *args, **params)
+        cond_nconsts, body_nconsts = params["cond_nconsts"], params["body_nconsts"]
 
         def loop(*args):
             cond_consts, body_consts, carry = _util.split_list(args, [cond_nconsts, body_nconsts])
