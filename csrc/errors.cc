@@ -98,14 +98,18 @@ std::string Hint(const CallInfo& call, const std::string& name) {
 
 }  // namespace
 
+std::string RankOf(const Comm& comm) {
+  return "rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.size);
+}
+
 ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   const std::string op = "mpijax." + std::string(call.op);
-  const std::string rank = "rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.size);
+  const std::string failed = op + " failed on " + RankOf(comm) + ": ";
   if (code == mpi::kTimedOut) {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%g", mpi::Timeout());
     return ffi::Error(ffi::ErrorCode::kDeadlineExceeded,
-                      op + " on " + rank + " timed out after " + seconds +
+                      op + " on " + RankOf(comm) + " timed out after " + seconds +
                           " s (MPIJAX_TIMEOUT) waiting for " + Awaited(call, comm) +
                           ". The call was abandoned unfinished: end the program rather than use "
                           "MPI further.");
@@ -114,8 +118,8 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   // where a call makes several.
   const std::string about = PointToPoint(call) ? " (" + Messages(call) + ")" : "";
   if (code == mpi::kWrongSize) {
-    return ffi::Error::Internal(op + " failed on " + rank + ": a message shorter than its receive" +
-                                about + "; each message must fill its receive exactly");
+    return ffi::Error::Internal(failed + "a message shorter than its receive" + about +
+                                "; each message must fill its receive exactly");
   }
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
@@ -125,8 +129,18 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   std::string message(text, length);
   const std::string name = ErrorClassName(code);
   if (message.rfind(name, 0) != 0) message = name + ": " + message;
-  return ffi::Error::Internal(op + " failed on " + rank + ": " + message + " (MPI error code " +
-                              std::to_string(code) + ")" + about + Hint(call, name));
+  return ffi::Error::Internal(failed + message + " (MPI error code " + std::to_string(code) + ")" +
+                              about + Hint(call, name));
+}
+
+ffi::Error Abandoned(const CallInfo& call, const Comm& comm, const std::string& abandoned) {
+  return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                    "mpijax." + std::string(call.op) + " on " + RankOf(comm) + ": an earlier " +
+                        abandoned +
+                        " on this communicator timed out unfinished (MPIJAX_TIMEOUT), and MPI "
+                        "cannot cancel a collective: it may still run, into memory that is no "
+                        "longer its, so mpijax makes no more calls on this communicator. End the "
+                        "program.");
 }
 
 }  // namespace mpijax

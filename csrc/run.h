@@ -45,13 +45,7 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
   MPI_Comm_rank(comm.handle, &comm.rank);
   MPI_Comm_size(comm.handle, &comm.size);
   if (const std::string abandoned = AbandonedBy(comm_id); !abandoned.empty()) {
-    return xla::ffi::Error(
-        xla::ffi::ErrorCode::kFailedPrecondition,
-        "mpijax." + std::string(info.op) + " on rank " + std::to_string(comm.rank) + " of " +
-            std::to_string(comm.size) + ": an earlier " + abandoned +
-            " on this communicator timed out unfinished (MPIJAX_TIMEOUT), and MPI cannot cancel "
-            "a collective: it may still run, into memory that is no longer its, so mpijax makes no "
-            "more calls on this communicator. End the program.");
+    return Abandoned(info, comm, abandoned);
   }
   if (info.counts && info.num_counts != comm.size) {
     return xla::ffi::Error::InvalidArgument(
@@ -84,8 +78,8 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
   if (code == mpi::kTimedOut && Collective(info)) AbandonComm(comm_id, info.op);
   if (code != MPI_SUCCESS) return Failure(info, comm, code);
   if (const std::string error = memory.error(); !error.empty()) {
-    return xla::ffi::Error::Internal("mpijax." + std::string(info.op) + " on rank " +
-                                     std::to_string(comm.rank) + ": " + error);
+    return xla::ffi::Error::Internal("mpijax." + std::string(info.op) + " on " + RankOf(comm) +
+                                     ": " + error);
   }
   if (!mismatch.empty()) return xla::ffi::Error(xla::ffi::ErrorCode::kFailedPrecondition, mismatch);
   return xla::ffi::Error::Success();
