@@ -17,4 +17,11 @@ def flag(*names, default=False):
             raise ValueError(
                 f"{name}={os.environ[name]!r}: expected one of {', '.join(_ON)} (on) or {', '.join(_OFF)} (off)"
             )
-    return next((value in _ON for _, value in values if value), default)
+    name = deciding(*names)
+    return default if name is None else dict(values)[name] in _ON
+
+
+def deciding(*names):
+    """The first of a switch's names that is set (not empty): the one that
+    decides; None if none is."""
+    return next((name for name in names if os.environ.get(name, "").strip()), None)

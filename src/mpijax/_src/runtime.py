@@ -94,14 +94,14 @@ def set_check(enabled=True):
     until the calls dispatched before it have run (mpijax.wait()). Set it
     alike on every rank (the agreement is itself a message). Same as
     MPIJAX_CHECK=1."""
-    # A queued call reads the setting when it runs: were it changed under
-    # it, one rank could send the agreement's message to a rank that makes
-    # the plain call, which takes it for its data.
     if not isinstance(enabled, numbers.Integral | np.bool_):  # bool is an Integral
         raise TypeError(
             f"mpijax.set_check: enabled must be True or False, got {enabled!r}"
             + (" (MPIJAX_CHECK reads words; set_check takes a bool)" if isinstance(enabled, str) else "")
         )
+    # A queued call reads the setting when it runs: were it changed under
+    # it, one rank could send the agreement's message to a rank that makes
+    # the plain call, which takes it for its data.
     jax.effects_barrier()
     core.set_check(bool(enabled))
 
@@ -179,8 +179,7 @@ def _settings_from_environment():
     set_check(environment.flag("MPIJAX_CHECK"))
     names = ("MPIJAX_CUDA_AWARE", "MPI4JAX_USE_CUDA_MPI")
     if has_cuda_support():  # a CPU-only build has no device memory to be aware of
-        asked = next((name for name in names if os.environ.get(name, "").strip()), names[0])
-        _set_cuda_aware(environment.flag(*names), f"unset {asked}")
+        _set_cuda_aware(environment.flag(*names), f"unset {environment.deciding(*names)}")
     timeout = os.environ.get("MPIJAX_TIMEOUT", "")
     try:
         set_timeout(float(timeout) if timeout else None)
