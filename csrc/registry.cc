@@ -4,12 +4,14 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace mpijax {
 namespace {
 
-// Handles of one kind, each under the index it was first registered at.
+// Handles of one kind. An id is the index of its entry, with a tag above
+// kIndexBits that the entry must match (registry.h).
 template <class Handle>
 class Table {
  public:
@@ -18,41 +20,54 @@ class Table {
 
   int64_t Register(Handle handle) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < handles_.size(); ++i) {
-      if (handles_[i] == handle) return static_cast<int64_t>(i);
+    for (const auto& [known, id] : entries_) {
+      if (known == handle) return id;
     }
-    return AddLocked(handle);
+    return AddLocked(handle, 0);
   }
 
   // A new id, whether or not the handle is in the table already.
-  int64_t Add(Handle handle) {
+  int64_t Add(Handle handle, uint64_t tag) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return AddLocked(handle);
+    return AddLocked(handle, tag);
   }
 
-  bool Lookup(int64_t id, Handle* handle) {
+  Found Lookup(int64_t id, Handle* handle) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (id < 0 || id >= static_cast<int64_t>(handles_.size()) || handles_[id] == null_) {
-      return false;
-    }
-    *handle = handles_[id];
-    return true;
+    const Found found = FindLocked(id);
+    if (found != Found::kGone) *handle = entries_[Index(id)].first;
+    return found;
   }
 
   // `id` names nothing from now on.
   void Retire(int64_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (id >= 0 && id < static_cast<int64_t>(handles_.size())) handles_[id] = null_;
+    if (FindLocked(id) == Found::kYes) entries_[Index(id)].first = null_;
   }
 
  private:
-  int64_t AddLocked(Handle handle) {
-    handles_.push_back(handle);
-    return static_cast<int64_t>(handles_.size() - 1);
+  static size_t Index(int64_t id) {
+    return static_cast<size_t>(id & ((int64_t{1} << kIndexBits) - 1));
+  }
+
+  Found FindLocked(int64_t id) const {
+    if (id < 0 || Index(id) >= entries_.size() || entries_[Index(id)].first == null_)
+      return Found::kGone;
+    return entries_[Index(id)].second == id ? Found::kYes : Found::kOtherSize;
+  }
+
+  int64_t AddLocked(Handle handle, uint64_t tag) {
+    if (entries_.size() >= (size_t{1} << kIndexBits)) {
+      throw std::length_error(
+          "mpijax: more than 2^24 communicators or reduction operators registered");
+    }
+    const auto id = static_cast<int64_t>(entries_.size() | (tag << kIndexBits));
+    entries_.emplace_back(handle, id);
+    return id;
   }
 
   std::mutex mutex_;
-  std::vector<Handle> handles_;
+  std::vector<std::pair<Handle, int64_t>> entries_;
   const Handle null_;
 };
 
@@ -101,12 +116,14 @@ int64_t RegisterComm(MPI_Comm comm) {
     return Comms().Register(comm);
   }
   if (found) return static_cast<int64_t>(reinterpret_cast<intptr_t>(attribute));
-  const int64_t id = Comms().Add(comm);
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  const int64_t id = Comms().Add(comm, static_cast<uint64_t>(size));
   MPI_Comm_set_attr(comm, keyval, reinterpret_cast<void*>(static_cast<intptr_t>(id)));
   return id;
 }
 
-bool LookupComm(int64_t id, MPI_Comm* comm) { return Comms().Lookup(id, comm); }
+Found LookupComm(int64_t id, MPI_Comm* comm) { return Comms().Lookup(id, comm); }
 
 namespace {
 std::mutex abandoned_mutex;
@@ -132,7 +149,7 @@ int64_t RegisterOp(MPI_Op op) {
   return Ops().Register(op);
 }
 
-bool LookupOp(int64_t id, MPI_Op* op) { return Ops().Lookup(id, op); }
+bool LookupOp(int64_t id, MPI_Op* op) { return Ops().Lookup(id, op) == Found::kYes; }
 
 int ReversedComm(MPI_Comm comm, MPI_Comm* reversed) {
   static const int keyval = [] {

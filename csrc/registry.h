@@ -14,8 +14,17 @@ namespace mpijax {
 // std::invalid_argument for MPI_COMM_NULL.
 int64_t RegisterComm(MPI_Comm comm);
 
-// False when `id` was never registered.
-bool LookupComm(int64_t id, MPI_Comm* comm);
+// A communicator's id holds its size above its index in the registry. A
+// program made by another job (jax.export) names each communicator by the
+// order in which that process first used them; it must not run on a
+// communicator of another size here, which its shapes would not fit.
+inline constexpr int kIndexBits = 24;
+
+// What a compiled program's id finds in this process: its communicator; none
+// (freed since, or never made here); or a communicator of another size, which
+// is put in `comm`.
+enum class Found { kYes, kGone, kOtherSize };
+Found LookupComm(int64_t id, MPI_Comm* comm);
 
 // A collective that timed out stays pending in MPI, which cannot cancel it,
 // and may still write into buffers that XLA has since reused: its

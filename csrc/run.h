@@ -35,12 +35,23 @@ template <class Memory, class HostAccess, class RouteStep, class Call>
 xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t comm_id,
                     HostAccess host_access, RouteStep route, Call&& call) {
   Comm comm{};
-  if (!LookupComm(comm_id, &comm.handle)) {
-    return xla::ffi::Error::InvalidArgument("mpijax." + std::string(info.op) +
-                                            ": its communicator (id " + std::to_string(comm_id) +
-                                            ") is gone: freed since the program was traced (a "
-                                            "compiled program runs only while its communicator "
-                                            "lives), or never made in this process");
+  switch (LookupComm(comm_id, &comm.handle)) {
+    case Found::kYes:
+      break;
+    case Found::kGone:
+      return xla::ffi::Error::InvalidArgument(
+          "mpijax." + std::string(info.op) + ": its communicator (id " + std::to_string(comm_id) +
+          ") is gone: freed since the program was traced (a compiled program runs only while its "
+          "communicator lives), or never made in this process");
+    case Found::kOtherSize:
+      MPI_Comm_size(comm.handle, &comm.size);
+      return xla::ffi::Error::InvalidArgument(
+          "mpijax." + std::string(info.op) + ": the program was made for a communicator of size " +
+          std::to_string(comm_id >> kIndexBits) + ", and its id names one of size " +
+          std::to_string(comm.size) +
+          " here: the program comes from another job (jax.export), which named its "
+          "communicators by the order in which it first used them; use the same communicators "
+          "in the same order before calling it");
   }
   MPI_Comm_rank(comm.handle, &comm.rank);
   MPI_Comm_size(comm.handle, &comm.size);

@@ -86,8 +86,9 @@ def test_comm_self():
 def test_program_carries_a_small_id_not_a_handle(comm):
     text = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=comm)).lower(jnp.ones(2)).as_text()
     (cid,) = re.findall(r"comm = (-?\d+) : i64", text)
-    # An index into the registry, which grows by one per communicator used (every test makes one).
-    assert 0 <= int(cid) < 2**20
+    # An index into the registry, which grows by one per communicator used
+    # (every test makes one), and above it the communicator's size.
+    assert 0 <= int(cid) % 2**24 < 2**20 and int(cid) >> 24 == SIZE
     assert str(MPI._handleof(comm)) not in text.replace(f"comm = {cid}", "")
 
 

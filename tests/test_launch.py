@@ -257,6 +257,52 @@ def test_user_communicators_and_world_right_after_import(tmp_path):
             assert (tmp_path / f"total.{rank}").read_text() == str([1.0] * 3)
 
 
+def test_an_export_loaded_where_its_communicator_id_names_other_ranks_raises(tmp_path):
+    """An exported program names a communicator by the order in which the
+    process first used it. A job that loads it after first using a
+    communicator of another size in that place must raise, not run on that
+    one (it summed over both ranks instead of one); one that uses the same
+    communicators in the same order runs it."""
+    program = """
+        import os
+        from mpi4py import MPI
+        import jax
+        import jax.numpy as jnp
+        from jax import export
+        import mpijax
+        world = MPI.COMM_WORLD
+        rank = world.Get_rank()
+        alone, everyone = world.Split(rank), world.Dup()
+        role = os.environ["ROLE"]
+        x = jnp.ones(3)
+        for comm in (everyone, alone) if role == "other order" else (alone, everyone):
+            mpijax.allreduce(x, MPI.SUM, comm=comm)
+        if role == "export":
+            checks = [export.DisabledSafetyCheck.custom_call("mpijax_allreduce")]
+            f = jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM, comm=alone))
+            exported = export.export(f, disabled_checks=checks)(x)
+            if rank == 0:
+                open("exported", "wb").write(exported.serialize())
+        else:
+            try:
+                out = str(export.deserialize(open("exported", "rb").read()).call(x).tolist())
+            except Exception as e:
+                out = str(e)
+            open(f"out.{rank}", "w").write(out)
+        """
+    for role in ("export", "same order", "other order"):
+        result = mpirun(tmp_path, program, env={"ROLE": role, "MPIJAX_TIMEOUT": "30"})
+        assert result.returncode == 0, result.stderr
+        if role != "export":
+            outs = [(tmp_path / f"out.{rank}").read_text() for rank in range(2)]
+            if role == "same order":
+                assert outs == [str([1.0] * 3)] * 2
+            else:
+                for out in outs:
+                    assert "made for a communicator of size 1, and its id names one of size 2 here" in out, out
+                    assert "use the same communicators in the same order" in out, out
+
+
 @pytest.mark.parametrize("variable,on,off", [("MPIJAX_DEBUG", "1", "0"), ("MPI4JAX_DEBUG", "True", "off")])
 def test_debug_environment_variable(tmp_path, variable, on, off):
     program = """

@@ -16,7 +16,7 @@ TEST(Registry, IdsAreStableAndDistinct) {
   EXPECT_NE(world, other);
   EXPECT_EQ(RegisterComm(MPI_COMM_WORLD), world);
   MPI_Comm found;
-  ASSERT_TRUE(LookupComm(other, &found));
+  ASSERT_EQ(LookupComm(other, &found), Found::kYes);
   EXPECT_EQ(found, dup);
   MPI_Comm_free(&dup);
 }
@@ -29,16 +29,34 @@ TEST(Registry, ANewCommunicatorThatReusesAFreedHandleGetsANewId) {
   EXPECT_EQ(RegisterComm(first), id);
   ASSERT_EQ(MPI_Comm_free(&first), MPI_SUCCESS);
   MPI_Comm found;
-  EXPECT_FALSE(LookupComm(id, &found));  // retired with the communicator
+  EXPECT_EQ(LookupComm(id, &found), Found::kGone);  // retired with the communicator
   ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, 0, 0, &second), MPI_SUCCESS);
   const int64_t again = RegisterComm(second);
   EXPECT_NE(again, id);
-  EXPECT_FALSE(LookupComm(id, &found));
+  EXPECT_EQ(LookupComm(id, &found), Found::kGone);
   if (second == handle) {  // the case this is about, which MPI libraries tend to produce
-    ASSERT_TRUE(LookupComm(again, &found));
+    ASSERT_EQ(LookupComm(again, &found), Found::kYes);
     EXPECT_EQ(found, second);
   }
   MPI_Comm_free(&second);
+}
+
+// What a program exported by another job finds under its communicator's id.
+TEST(Registry, AnIdHoldsItsCommunicatorsSize) {
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm dup, alone;
+  ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &dup), MPI_SUCCESS);
+  ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &alone), MPI_SUCCESS);
+  const int64_t id = RegisterComm(dup);
+  EXPECT_EQ(id >> kIndexBits, size);
+  EXPECT_EQ(RegisterComm(alone) >> kIndexBits, 1);
+  MPI_Comm found = MPI_COMM_NULL;
+  EXPECT_EQ(LookupComm(id + (int64_t{1} << kIndexBits), &found), Found::kOtherSize);
+  EXPECT_EQ(found, dup);
+  MPI_Comm_free(&dup);
+  MPI_Comm_free(&alone);
 }
 
 TEST(Registry, ReversedCommunicatorIsMadeOnceAndFreedWithItsParent) {
@@ -79,8 +97,8 @@ TEST(Registry, UserOpIdsAreStableAndDistinct) {
 
 TEST(Registry, UnknownIdsAndNullAreRejected) {
   MPI_Comm found;
-  EXPECT_FALSE(LookupComm(-1, &found));
-  EXPECT_FALSE(LookupComm(1 << 30, &found));
+  EXPECT_EQ(LookupComm(-1, &found), Found::kGone);
+  EXPECT_EQ(LookupComm(1 << 20, &found), Found::kGone);
   EXPECT_THROW(RegisterComm(MPI_COMM_NULL), std::invalid_argument);
   MPI_Op op;
   EXPECT_FALSE(LookupOp(-1, &op));
