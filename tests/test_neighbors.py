@@ -344,8 +344,9 @@ def test_halo_exchange_jacobians_and_linear_transpose(periods, corners):
 def test_halo_exchange_in_a_time_loop_copies_no_field():
     """In place: the exchanged field is the call's output, so a time loop
     whose state is exchanged and then used compiles with no copy of the field
-    (input donated, as a long run's state is); one that still uses the field
-    unexchanged after the call gets the one copy that needs."""
+    in its body, and none at all when its input is donated (as a long run's
+    state is); one that still uses the field unexchanged after the call gets
+    the one copy that needs."""
     c = cart(True)
     field = jnp.zeros((18, 12), jnp.float32)
 
@@ -356,8 +357,15 @@ def test_halo_exchange_in_a_time_loop_copies_no_field():
     def copies(f):
         return hlo_copies(jax.jit(f, donate_argnums=0), field)
 
-    assert copies(lambda f: lax.fori_loop(0, 4, step, f)) == []
+    def loop(f):
+        return lax.fori_loop(0, 4, step, f)
+
+    assert copies(loop) == []
     assert len(copies(lambda f: mpijax.halo_exchange(f, c) + f)) == 1
+    # Not donated, the input is copied before the loop, and the loop's body copies nothing.
+    text = jax.jit(loop).lower(field).compile().as_text()
+    copying = [part.split("{")[0] for part in text.split("\n\n") if " copy(" in part and "f32[18,12]" in part]
+    assert len(copying) == 1 and copying[0].startswith("ENTRY"), copying
     c.Free()
 
 
