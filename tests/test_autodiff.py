@@ -440,14 +440,39 @@ def test_jvp_and_vjp_against_finite_differences(comm, case, mode):
     """The JVP against central differences J v; the VJP by the dot product:
     sum over ranks of <w, J v> == sum over ranks of <J^T w, v>, with J v from
     central differences in NumPy, and with J v from mpijax's jvp."""
+    check_jvp_and_vjp(case, MODES[mode], functools.partial(call_with, case.call, comm))
+
+
+def on_one_device_mesh(f):
+    """f inside jax.shard_map over this process's one device, with JAX's
+    check of the values varying over the mesh on (check_vma, the default):
+    so a program written for JAX's sharding calls mpijax."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+
+    def spec(x):
+        return jax.sharding.PartitionSpec("d") if np.ndim(x) else jax.sharding.PartitionSpec()
+
+    return lambda x: jax.shard_map(f, mesh=mesh, in_specs=spec(x), out_specs=spec(jax.eval_shape(f, x)))(x)
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_jvp_and_vjp_inside_shard_map(comm, case):
+    """The same checks with every op inside shard_map: each transpose's
+    cotangents, and the zeros that mpijax makes for tangents and receives,
+    must be typed varying over the mesh where their primals are (JAX refused
+    grad of a sendrecv, a bcast or a reduce there: "Expected cotangent type
+    float32[4]{V:d} but got float32[4]")."""
+    check_jvp_and_vjp(case, jax.jit, on_one_device_mesh(functools.partial(call_with, case.call, comm)))
+
+
+def check_jvp_and_vjp(case, mode, f):
     xs, vs, ws = inputs(case), inputs(case, "v"), cotangents(case)
-    f = functools.partial(call_with, case.call, comm)
 
     def jvp_and_vjp(x, v, w):
         y, ydot = jax.jvp(f, (x,), (v,))
         return y, ydot, jax.vjp(f, x)[1](w)[0]
 
-    y, ydot, xbar = MODES[mode](jvp_and_vjp)(xs[RANK], vs[RANK], ws[RANK])
+    y, ydot, xbar = mode(jvp_and_vjp)(xs[RANK], vs[RANK], ws[RANK])
     jv = fd_tangents(case, xs, vs)
     assert_close(y, case.reference(xs)[RANK], rtol=1e-12)
     assert_close(ydot, jv[RANK])
@@ -865,6 +890,57 @@ def test_derivatives_of_a_handoff_under_checkpoint_and_in_loops(comm):
         want = jax.jit(derivative(plain))(x)
         for f in variants:
             assert_close(jax.jit(derivative(f))(x), want, rtol=1e-12)
+
+
+def _twice(step):
+    """Two steps of `step(u, s)`, in each of the ways a simulation code wraps them."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+    shard = jax.sharding.PartitionSpec("d")
+    return {
+        "scan": lambda u, s: lax.scan(lambda u, _: (step(u, s), None), u, None, length=2)[0],
+        "fori_loop": lambda u, s: lax.fori_loop(0, 2, lambda i, u: step(u, s), u),
+        "checkpoint": lambda u, s: jax.checkpoint(step)(jax.checkpoint(step)(u, s), s),
+        "cond": lambda u, s: lax.cond(jnp.sum(u) > -1e9, step, lambda u, s: u, step(u, s), s),
+        "jit": lambda u, s: jax.jit(step)(jax.jit(step)(u, s), s),
+        "shard_map": lambda u, s: jax.shard_map(step, mesh=mesh, in_specs=(shard, shard), out_specs=shard)(
+            step(u, s), s
+        ),
+    }
+
+
+@pytest.mark.parametrize("wrap", list(_twice(None)))
+def test_a_parameter_that_acts_on_one_rank_only(comm, wrap):
+    """A control parameter that acts in rank 0's subdomain only: elsewhere
+    the loop's (or cond's, checkpoint's, inner jit's, shard_map's) operands
+    are constants and its body does not use the parameter, so JAX saw
+    nothing to differentiate there, ran the other ranks' derivative calls
+    alone (a hang, found by a tester), or ran them forward on zeros (a
+    wrong gradient). grad and jvp against central differences of the whole
+    simulation in NumPy."""
+    prev, next_ = (RANK - 1) % SIZE, (RANK + 1) % SIZE
+
+    def step(u, s):
+        u = u + (0.1 * s if RANK == 0 else 0.0)
+        return u + 0.25 * mpijax.sendrecv(u, u, prev, next_, comm=comm) ** 2
+
+    def loss(s):
+        return jnp.sum(_twice(step)[wrap](jnp.full(N, 0.5), s) ** 2) * (RANK + 1)
+
+    def global_loss(s):
+        us = [np.full(N, 0.5) for _ in range(SIZE)]
+        for _ in range(2):
+            us[0] = us[0] + 0.1 * s
+            us = [u + 0.25 * us[(r - 1) % SIZE] ** 2 for r, u in enumerate(us)]
+        return sum(np.sum(u**2) * (r + 1) for r, u in enumerate(us))
+
+    s, v = np.linspace(0.2, 0.8, N), np.linspace(1.0, -1.0, N)
+    fd = (global_loss(s + H * v) - global_loss(s - H * v)) / (2 * H)
+    g = jax.jit(jax.grad(loss))(s)
+    assert global_sum(np.vdot(g, v)) == pytest.approx(fd, rel=1e-6)
+    if RANK:
+        assert_equal(g, np.zeros(N))
+    _, tangent = jax.jit(lambda s, v: jax.jvp(loss, (s,), (v,)))(s, v)
+    assert global_sum(tangent) == pytest.approx(fd, rel=1e-6)
 
 
 def test_vmap_of_cond_whose_predicate_is_batched(comm):

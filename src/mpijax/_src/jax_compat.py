@@ -1,6 +1,7 @@
 """Every use of JAX's private API, in one place (JAX 0.8 and newer)."""
 
 import contextvars
+import functools
 import gc
 import inspect
 import sys
@@ -9,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax._src import ad_util as _ad_util
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
@@ -330,6 +332,45 @@ def align_with_transformation(args, vmap=True, trace=None):
     return args
 
 
+def differentiate_bodies_with_mpi_calls(effect_type):
+    """Align the operands of a loop, cond, checkpoint or inner jit whose body
+    makes MPI calls (an effect of `effect_type`) with differentiation, as an
+    MPI call's own operands are (align_with_transformation). JAX
+    differentiates such a primitive only where some operand has a tangent:
+    on a rank where none has (a parameter that acts in rank 0's subdomain
+    only), it ran the body without the derivative's calls, and the other
+    ranks' derivative calls waited for them forever."""
+
+    def calls_mpi(params):
+        return any(isinstance(e, effect_type) for j in _core.jaxprs_in_params(params) for e in j.effects)
+
+    for trace_type in (_ad.JVPTrace, _ad.LinearizeTrace):
+
+        def process_primitive(self, primitive, tracers, params, /, _process=trace_type.process_primitive):
+            if calls_mpi(params):
+                tracers = align_with_transformation(tracers, vmap=False, trace=self)
+            return _process(self, primitive, tracers, params)
+
+        trace_type.process_primitive = process_primitive
+
+
+def keep_every_input_of_bodies_with_mpi_calls(effect_type):
+    """Dead-code elimination keeps every input of a jaxpr that makes MPI
+    calls. A loop, cond, checkpoint or shard_map body's derivative, once
+    linearized, counts as linear (and is transposed) only through its
+    linear inputs that it uses; a rank whose body does not use the
+    differentiated value lost them, ran the derivative's calls forward on
+    zeros, and the ranks that waited for its cotangents received zeros."""
+    dce_jaxpr = _pe.dce_jaxpr
+
+    def keeping(jaxpr, used_outputs, instantiate=False):
+        if any(isinstance(e, effect_type) for e in jaxpr.effects):
+            instantiate = True
+        return dce_jaxpr(jaxpr, used_outputs, instantiate)
+
+    _pe.dce_jaxpr = keeping
+
+
 # The partial evaluation under way in which MPI calls are never evaluated
 # early: its parent trace (or _TANGENTS), and whether it is linear_transpose's.
 _staging_under = contextvars.ContextVar("mpijax_staging_under", default=(None, False))
@@ -442,6 +483,32 @@ def batched_if_vmapped(x):
     return _batched(trace, x) if isinstance(trace, _batching.BatchTrace) else x
 
 
+# jax.lax.pvary until JAX 0.9, then pcast(..., to="varying").
+_to_varying = functools.partial(lax.pcast, to="varying") if hasattr(lax, "pcast") else lax.pvary
+
+
+def varying_like(ct, aval):
+    """A transpose rule's cotangent `ct` typed over shard_map's mesh axes as
+    its primal's `aval` is (check_vma): made varying where the primal varies,
+    summed where it does not, as JAX transposes its own casts. mpijax's calls
+    run on one device, so the mesh axes have size 1 and the values stay."""
+    if isinstance(ct, _ad.Zero):
+        return _ad.Zero(aval.to_tangent_aval())
+    have, want = _varying_axes(_core.typeof(ct)), _varying_axes(aval)
+    if extra := have - want:
+        ct = lax.psum(ct, tuple(sorted(extra)))
+    if missing := want - have:
+        ct = _to_varying(ct, tuple(sorted(missing)))
+    return ct
+
+
+def _varying_axes(aval):
+    """The mesh axes over which values of `aval` vary (aval.mat.varying from
+    JAX 0.10, aval.vma before)."""
+    mat = getattr(aval, "mat", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
 def transposed_receive_buffer(aval):
     """Zeros to receive a cotangent into, inside a transpose rule: batched
     along the innermost vmap (jacrev), where the peer sends a batched
@@ -475,7 +542,8 @@ def _with_tangent(trace, x, tracer_type, tangent_trace, zeros):
 
 
 def _zeros(aval):
-    return lax.full(aval.shape, 0, aval.dtype)
+    """Zeros of `aval`, typed as varying over shard_map's mesh axes where it is."""
+    return _ad_util.zeros_like_aval(aval.update(weak_type=False))
 
 
 def _linear_zeros(aval):

@@ -30,6 +30,8 @@ jax_compat.register_ordered_effect(MpiEffect)
 jax_compat.reuse_runtime_tokens_in_place()
 jax_compat.aot_calls_thread_runtime_tokens()
 jax_compat.batched_while_loops_keep_finished_elements(MpiEffect)
+jax_compat.differentiate_bodies_with_mpi_calls(MpiEffect)
+jax_compat.keep_every_input_of_bodies_with_mpi_calls(MpiEffect)
 seal = jax_compat.seal_at_top_level(mpi_effect)
 
 
@@ -232,9 +234,19 @@ def _define_rules(prim, jvp, transpose, batch):
         if jvp is not None:
             ad.primitive_jvps[p] = partial(jvp, prim)
         if transpose is not None:
-            ad.primitive_transposes[p] = transpose
+            ad.primitive_transposes[p] = partial(_typed_like_primals, transpose)
         if batch is not None:
             batching.primitive_batchers[p] = partial(batch, p)
+
+
+def _typed_like_primals(transpose, cts, *primals, **params):
+    """`transpose`'s cotangents, each typed over shard_map's mesh axes as
+    its primal is: JAX checks that, and receives and constants are typed
+    invariant whatever they are computed from."""
+    return [
+        jax_compat.varying_like(ct, x.aval) if ad.is_undefined_primal(x) and ct is not None else ct
+        for ct, x in zip(transpose(cts, *primals, **params), primals, strict=True)
+    ]
 
 
 def _token_primitive(name, outputs, lower):
@@ -283,7 +295,7 @@ def local_primitive(name, impl, *, transpose, batch):
 
     def abstract(x, **params):
         out = jax.eval_shape(partial(impl, **params), x)
-        return jax.core.ShapedArray(out.shape, out.dtype), {mpi_effect}
+        return x.update(shape=out.shape, dtype=out.dtype), {mpi_effect}
 
     for p in prim.with_twin():
         p.def_impl(impl)
