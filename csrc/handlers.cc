@@ -964,8 +964,13 @@ ffi::Error Wait(typename Memory::Context ctx, ffi::RemainingArgs args, ffi::Rema
         if (!p) {
           std::ostringstream name;
           name << id;
-          if (!failed_before)
-            missing = "request " + name.str() + " is not pending (waited for already?)";
+          if (failed_before) continue;
+          missing = id == kMixedBatch
+                        ? "under jax.vmap the batch's elements hold different requests: one "
+                          "carried through a lax.while_loop whose elements stop at different "
+                          "steps, or through a lax.cond on a batched predicate, keeps each "
+                          "element's own; wait for a request in the step that started it"
+                        : "request " + name.str() + " is not pending (waited for already?)";
           continue;
         }
         int failed = -1;

@@ -34,6 +34,9 @@ constexpr int32_t kIdLimit = 1 << 24;
 // also waits for requests started outside the differentiation, reads it to
 // tell whether derivative messages exist.
 constexpr int32_t kDifferentiated = 1 << 23;
+// What a wait under vmap gets where the batch's elements hold different ids
+// (nonblocking.py, MIXED).
+constexpr float kMixedBatch = -1;
 
 // Keeps `pending` and returns its id (never 0, below kDifferentiated).
 int32_t Keep(Pending pending);

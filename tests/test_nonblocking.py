@@ -354,6 +354,41 @@ def test_a_wait_refusing_a_request_completes_the_others(comm):
     assert mpijax._src.runtime.core.pending_requests() == before
 
 
+def test_vmap_of_a_loop_whose_elements_stop_apart_refuses_a_carried_request(comm):
+    """A request carried through a while_loop whose batch elements stop at
+    different steps: each element keeps its own id (the one that stopped,
+    a request that a later step's wait took already). The wait used the
+    first element's id for all, and the others got another step's message
+    (found by a tester, both MPIs) or an error that blamed waiting twice.
+    It raises a message that names the cause; elements that stop together
+    run as without vmap."""
+
+    def f(x):
+        def body(carry):
+            x, request = carry
+            x = x + mpijax.wait(request)[0] + 1
+            return x, mpijax.ineighbor_exchange([x], [PREV], [NEXT], comm=comm)
+
+        def going(carry):
+            return mpijax.allreduce(carry[0][0], MPI.MAX, comm=comm) < 50
+
+        x, request = lax.while_loop(going, body, (x, mpijax.ineighbor_exchange([x], [PREV], [NEXT], comm=comm)))
+        return x + mpijax.wait(request)[0]
+
+    def reference(starts):  # every rank's start -> this rank's result
+        xs = list(starts)
+        while max(xs) < 50:
+            xs = [x + xs[(r - 1) % SIZE] + 1 for r, x in enumerate(xs)]
+        return xs[RANK] + xs[PREV]
+
+    batched = jax.jit(jax.vmap(f))
+    together = [[1.0 + r for r in range(SIZE)], [1.1 + r for r in range(SIZE)]]  # 5 steps each
+    got = batched(jnp.array([[starts[RANK]] for starts in together]))
+    assert_equal(got[:, 0], [reference(starts) for starts in together])
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="the batch's elements hold different requests"):
+        jax.block_until_ready(batched(jnp.array([[1.0], [20.0]])))
+
+
 def test_a_request_never_waited_for_is_an_error_at_trace_time(comm):
     def f(x):
         mpijax.isend(x, RANK, comm=comm)

@@ -28,7 +28,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.interpreters import ad, batching, mlir
 from mpi4py import MPI
 
@@ -40,6 +39,9 @@ from .neighbors import _nbytes, _select, exchange_lists
 from .point_to_point import _dest, _inexact, derivative_messages
 
 ID = jax.core.ShapedArray((), np.float32)
+# The id a batched wait gets where the batch's elements hold different
+# requests (the handler names the cause).
+MIXED = -1.0
 
 
 class Route(NamedTuple):
@@ -347,17 +349,22 @@ def _batch_wait(prim, args, dims, *, routes, requests, guarded, batch, **params)
     after stays as it is. A batched id may be one that vmap broadcast: a
     request started outside the vmap and carried into a loop whose later
     iterations start batched ones. Its messages are then one element's, and
-    the handler gives them to every element of the batch (`batch`)."""
+    the handler gives them to every element of the batch (`batch`).
+    Elements that hold different ids (a request carried through a while_loop
+    whose elements stop at different steps, or through a cond on a batched
+    predicate, keeps each element's own) wait for MIXED, which raises."""
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     batched = [d is not None for d in dims[:requests]]
     n = requests * (1 + guarded)
-    ids = [
-        a if d is None else lax.index_in_dim(a, 0, d, keepdims=False) for a, d in zip(args[:n], dims[:n], strict=True)
-    ]
+    ids = [a if d is None else _one_id(jnp.moveaxis(a, d, 0)) for a, d in zip(args[:n], dims[:n], strict=True)]
     routes = tuple(r.batched(size) if b else r for r, b in zip(routes, batched, strict=True))
     batch = tuple(m * size if b else m for m, b in zip(batch, batched, strict=True))
     outs = prim.bind(*ids, *args[n:], routes=routes, requests=requests, guarded=guarded, batch=batch, **params)
     return outs, [0 if b else None for r, b in zip(routes, batched, strict=True) for _ in r.recvs]
+
+
+def _one_id(ids):
+    return jnp.where(jnp.all(ids == ids[0]), ids[0], jnp.float32(MIXED))
 
 
 start_p = mpi_primitive(
