@@ -81,23 +81,31 @@ def test_exit_right_after_dispatching_send_and_recv(tmp_path):
 
 
 def test_requests_never_waited_for_are_reported_at_exit(tmp_path):
-    """Eager code that drops a request (trace-time checks cannot see it):
-    each rank says so when Python exits, and the job still ends."""
+    """Requests dropped where trace-time checks cannot see it: by eager
+    code, by the branch of a lax.cond that runs, after a loop carried one out
+    of a jitted function. Each rank says so when Python exits, and the job
+    still ends."""
     result = mpirun(
         tmp_path,
         """
+        import jax
         import jax.numpy as jnp
+        from jax import lax
         from mpi4py import MPI
         import mpijax
         rank = MPI.COMM_WORLD.Get_rank()
         mpijax.irecv(jnp.zeros(2), 1 - rank, tag=4)  # never sent, never waited for
         mpijax.wait(mpijax.isend(jnp.ones(2), 1 - rank))  # waited for: not reported
         mpijax.irecv(jnp.zeros(2), 1 - rank)  # the message above, never waited for
+        started = lambda: mpijax.irecv(jnp.zeros(2), 1 - rank, tag=5)  # never sent
+        waits = lambda go: lax.cond(go, mpijax.wait, lambda r: jnp.zeros(2), started())
+        jax.jit(waits)(False)  # the branch that runs drops it
+        jax.jit(lambda: lax.fori_loop(0, 2, lambda i, r: r, started()))()  # carried out, dropped
         """,
     )
     assert result.returncode == 0, result.stderr
     reports = re.findall(r"mpijax: (\d+) request\(s\) started by .*? never waited for", result.stderr)
-    assert reports == ["2", "2"], result.stderr
+    assert reports == ["4", "4"], result.stderr
 
 
 @pytest.mark.parametrize(
