@@ -566,8 +566,8 @@ def test_vmap_is_one_call_and_matches_a_loop(comm, case, in_axis, out_axis, capf
 
 # The suite runs with jax_enable_x64 (float64 finite differences); most users
 # run JAX's default 32-bit mode: a few cases of each kind of call there.
-BITS32 = ["allreduce-MAX", "bcast-constant-buffer", "scatter-root0", "sendrecv", "recv-defaults-constant-buffer",
-          "neighbor_exchange-ring", "isend-irecv-ring"]  # fmt: skip
+BITS32 = ["allreduce-MAX", "bcast-constant-buffer", "scatter-constant-buffer", "sendrecv",
+          "recv-defaults-constant-buffer", "neighbor_exchange-ring", "isend-irecv-ring"]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in BITS32], ids=repr)
@@ -981,6 +981,37 @@ def test_cg_with_distributed_matvec(comm, mode):
     assert_close(MODES[mode](solve)(b), np.linalg.solve(a, b), rtol=1e-8)
     g = MODES[mode](jax.grad(lambda b: jnp.sum(solve(b) ** 2)))(jnp.asarray(b))
     assert_close(g, 2 * np.linalg.solve(a, np.linalg.solve(a, b)), rtol=1e-7)
+
+
+@pytest.mark.parametrize("solver", ["bicgstab", "gmres"])
+def test_nonsymmetric_solvers_with_a_matvec_that_receives(comm, solver):
+    """bicgstab and gmres transpose their matvec under grad without running
+    it (lax.custom_linear_solve): with the source and tag passed, the gradient
+    is right; with sendrecv's default recvtag, MPI.ANY_TAG, every rank raises
+    while tracing. The replicated matvec is A v = sum over ranks of M_r v +
+    P_r v, P_r v reaching rank r + 1 by sendrecv; v is marked varying, or the
+    transposed matvec would give each rank its own share of A^T w only."""
+    rng = np.random.default_rng(5)
+    ms = [rng.normal(size=(4, 4)) + 3 * np.eye(4) for _ in range(SIZE)]
+    ps = [rng.normal(size=(4, 4)) for _ in range(SIZE)]
+    a, b = sum(ms) + sum(ps), np.arange(1.0, 5.0)
+    m, p = jnp.asarray(ms[RANK]), jnp.asarray(ps[RANK])
+    solve_with = getattr(jax.scipy.sparse.linalg, solver)
+
+    def loss(b, **recvtag):
+        def matvec(v):
+            v = mpijax.varying(v, comm=comm)  # each rank's own product of the replicated v
+            received = mpijax.sendrecv(p @ v, v, PREV, NEXT, comm=comm, **recvtag)
+            return mpijax.allreduce(m @ v + received, MPI.SUM, comm=comm)
+
+        return jnp.sum(solve_with(matvec, b, tol=1e-12, atol=0.0)[0] ** 2)
+
+    x = np.linalg.solve(a, b)
+    value, g = jax.jit(jax.value_and_grad(functools.partial(loss, recvtag=0)))(jnp.asarray(b))
+    assert_close(value, np.sum(x**2), rtol=1e-8)
+    assert_close(g, 2 * np.linalg.solve(a.T, x), rtol=1e-7)
+    with pytest.raises(NotImplementedError, match="that has not run: .*lax.custom_linear_solve's matvec"):
+        jax.grad(loss)(jnp.asarray(b))
 
 
 # Replicated results that feed work differing by rank --------------------------

@@ -61,7 +61,7 @@ def check_transposable(name):
                 "not run: the transpose answers the rank that sent, under the tag it used, which only the "
                 "receive finds out. jax.grad, jax.vjp and jax.jacrev run it first; jax.linear_transpose does "
                 "not, nor does JAX where it transposes code itself (a custom_jvp rule's tangent under jax.grad, "
-                "lax.custom_linear_solve's matvec, as in jax.scipy's bicgstab). There, pass source and tag "
+                "lax.custom_linear_solve's matvec, as in jax.scipy's bicgstab and gmres). There, pass source and tag "
                 "(recvtag= for sendrecv)"
             )
 
