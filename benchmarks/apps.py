@@ -242,7 +242,7 @@ def poisson_case(backend, comm):
 
 def training_case(backend, comm):
     """One epoch of the example's training: 20 Adam steps of a global batch
-    of 240 rows, each rank its share, on a 2-64-64-1 MLP (4.5 k float32
+    of 240 rows, each rank its share, on a 2-64-64-1 MLP (4,417 float32
     parameters, the loss and the gradients averaged once per step)."""
     import jax
     import jax.flatten_util

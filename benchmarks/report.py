@@ -116,7 +116,7 @@ each bound to a core, with one XLA thread per rank
   Its times include that overhead.
 - **JAX shard_map**: `jax.distributed` with the gloo CPU collectives (TCP, bound to 127.0.0.1);
   `psum`, `all_gather`, `all_to_all`, `ppermute`, and for bcast a `psum` of the root's value
-  (`lax.pbroadcast` has no CPU lowering in JAX 0.10). gloo takes about a millisecond per
+  (`lax.pbroadcast` has no CPU lowering in JAX 0.10.2: `pbroadcast_probe.log`). gloo takes about a millisecond per
   operation, so this one runs a fiftieth of the iterations (at least 10).
 - **Not compared: JAX's MPI collectives** (`jax_cpu_collectives_implementation="mpi"`). JAX
   reaches MPI through MPItrampoline, which needs `MPITRAMPOLINE_LIB` to name an MPIwrapper

@@ -1,5 +1,6 @@
 """How much of XLA:CPU's buffers sits on transparent huge pages: JAX arrays of
-1 to 64 MiB, made by jnp.ones and by a computation, as the environment this
+1 to 64 MiB, made by jnp.ones and by a computation (and NumPy's np.ones of the
+same size, for comparison), as the environment this
 process started with leaves them, and how long a computation into a new
 buffer of that size takes (page faults included). Run it plain, under
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1, and under MPI launchers that pass the
@@ -51,8 +52,11 @@ def main():
     for mib in (1, 4, 16, 64):
         ones = jnp.ones(mib << 18, jnp.float32)
         computed = (ones * 2).block_until_ready()
+        numpy = np.ones(mib << 18, np.float32)
         shares = [huge_share(a.unsafe_buffer_pointer(), mib << 20) for a in (ones, computed)]
-        lines.append(f"  {mib:2d} MiB: jnp.ones {100 * shares[0]:3.0f} %, computed {100 * shares[1]:3.0f} % huge; "
+        shares.append(huge_share(numpy.ctypes.data, mib << 20))
+        lines.append(f"  {mib:2d} MiB: jnp.ones {100 * shares[0]:3.0f} %, computed {100 * shares[1]:3.0f} %, "
+                     f"np.ones {100 * shares[2]:3.0f} % huge; "
                      f"computing it into a new buffer takes {new_buffer_us(ones):.0f} us")  # fmt: skip
     print("\n".join(lines), flush=True)
 
