@@ -83,7 +83,7 @@ std::string ErrorClassName(int code) {
 // a message too long for its receive comes from arrays of different sizes
 // (or from another collective on some rank), and under vmap of a derivative
 // from a receive buffer that vmap does not batch while the sender's array is
-// batched (docs/autodiff.md, rule 2).
+// batched (docs/autodiff.md, rule 2), a collective's off its root too.
 std::string Hint(const CallInfo& call, const std::string& name) {
   if (name != "MPI_ERR_TRUNCATE") return "";
   if (!Collective(call)) {
@@ -92,8 +92,14 @@ std::string Hint(const CallInfo& call, const std::string& name) {
            "receive's buffer is not (a constant such as jnp.zeros(...); receive into one computed "
            "from the batched value, see docs/autodiff.md, rule 2)";
   }
-  return ". The ranks' arrays differ in size, or the ranks called different collectives "
-         "(MPIJAX_CHECK=1 names the difference)";
+  const std::string batched =
+      call.root == kUnset ? ""
+                          : " (under jax.vmap of a derivative, also where one rank's array is "
+                            "batched and another's is not: a constant such as jnp.zeros_like(x) "
+                            "off the root; pass one computed from the batched value, see "
+                            "docs/autodiff.md, rule 2)";
+  return ". The ranks' arrays differ in size" + batched +
+         ", or the ranks called different collectives (MPIJAX_CHECK=1 names the difference)";
 }
 
 }  // namespace

@@ -622,8 +622,9 @@ FAULTS = {
     "mismatched sizes": (
         "mpijax.bcast(jnp.ones(4 if rank == 0 else 2), 0)",
         {},
-        r"(?s)mpijax\.bcast failed on rank 1 of 2: MPI_ERR_TRUNCATE.*The ranks' arrays differ in size, "
-        r"or the ranks called different collectives \(MPIJAX_CHECK=1 names the difference\)",
+        r"(?s)mpijax\.bcast failed on rank 1 of 2: MPI_ERR_TRUNCATE.*The ranks' arrays differ in size \(under "
+        r"jax\.vmap of a derivative.*\), or the ranks called different collectives "
+        r"\(MPIJAX_CHECK=1 names the difference\)",
     ),
     # the same under the watchdog, whose nonblocking collectives MPI does not
     # fail so (Open MPI never completes them, MPICH may return garbage)

@@ -14,6 +14,7 @@ from jax._src import ad_util as _ad_util
 from jax._src import core as _core
 from jax._src import dispatch as _dispatch
 from jax._src import effects as _effects
+from jax._src import linear_util as _lu
 from jax._src import util as _util
 from jax._src import xla_bridge as _xla_bridge
 from jax._src.interpreters import ad as _ad
@@ -124,6 +125,35 @@ def batched_while_loops_keep_finished_elements(effect_type):
         return _mlir.lower_fun(loop)(ctx, *args)
 
     _mlir.register_lowering(while_p, rule)
+
+
+def batched_conds_run_element_by_element(effect_type):
+    """Under vmap, a cond on a batched predicate whose branches make MPI
+    calls runs each batch element's own branch, one element after the other.
+    JAX runs every branch on the whole batch and selects each element's
+    result: each branch's messages then pair with the peer's same branch, so
+    an element whose predicate differs from its peer's element received the
+    messages of a branch the peer did not take, with no error. Every other
+    cond takes JAX's own rule (one branch on the whole batch)."""
+    from jax._src.lax.control_flow.conditionals import cond_p
+
+    jax_rule = _batching.fancy_primitive_batchers[cond_p]
+
+    def rule(axis_data, args, dims, *, branches, **params):
+        if dims[0] is None or not any(isinstance(e, effect_type) for b in branches for e in b.effects):
+            return jax_rule(axis_data, args, dims, branches=branches, **params)
+        batched = [i for i, d in enumerate(dims) if d is not None]
+
+        def element(xs):
+            operands = list(args)
+            for i, x in zip(batched, xs, strict=True):
+                operands[i] = x
+            return cond_p.bind(*operands, branches=branches, **params)
+
+        outs = lax.map(element, [jnp.moveaxis(args[i], dims[i], 0) for i in batched])
+        return outs, [0] * len(outs)
+
+    _batching.fancy_primitive_batchers[cond_p] = rule
 
 
 def aot_calls_thread_runtime_tokens():
@@ -328,6 +358,8 @@ def align_with_transformation(args, vmap=True, trace=None):
     if isinstance(trace, _ad.LinearizeTrace):
         return [_with_tangent(trace, x, _ad.LinearizeTracer, trace.tangent_trace, _linear_zeros) for x in args]
     if vmap and isinstance(trace, _batching.BatchTrace):
+        if trace.tag is _primal_vmap.get() and not any(_batched_at(trace, x) for x in args):
+            return args  # a primal in a custom_jvp rule (custom_jvp_rules_with_mpi_calls)
         return [_batched(trace, x) for x in args]
     return args
 
@@ -352,6 +384,62 @@ def differentiate_bodies_with_mpi_calls(effect_type):
             return _process(self, primitive, tracers, params)
 
         trace_type.process_primitive = process_primitive
+
+
+# The vmap (its tag) directly under a JVP whose custom_jvp rule runs on
+# primals that it does not batch: see custom_jvp_rules_with_mpi_calls.
+_primal_vmap = contextvars.ContextVar("mpijax_primal_vmap", default=None)
+
+
+def custom_jvp_rules_with_mpi_calls(effect_type):
+    """Differentiate a custom_jvp function that makes MPI calls on every
+    rank alike, and keep its primal unbatched where jacfwd needs it so.
+
+    JAX skips the rule where no input has a tangent, and runs the function
+    alone: on a rank whose input does not depend on the differentiated value
+    the rule's calls were missing, and the other ranks waited for them. Such
+    a call's function is traced first; if it makes MPI calls its inputs get
+    zero tangents (align_with_transformation) and the rule runs. Under
+    jacfwd (vmap over a JVP) the rule's primal calls see primals that the
+    vmap does not batch, on every rank; aligned with the vmap they were
+    batched, and jacfwd refuses a batched primal. So while the rule runs
+    there, every tangent is batched and a call whose operands the vmap does
+    not batch stays unbatched, as the primal twin of mpijax's own rules
+    (MpiPrimitive.bind_primal) does."""
+
+    for trace_type in (_ad.JVPTrace, _ad.LinearizeTrace):
+
+        def process(self, primitive, fun, jvp, tracers, /, _process=trace_type.process_custom_jvp_call, **params):
+            pairs = [self.to_primal_tangent_pair(t) for t in tracers]
+            if all(type(t) is _ad.Zero for _, t in pairs) and any(_inexact(p) for p, _ in pairs):
+                jaxpr, _, consts, *_ = _pe.trace_to_jaxpr_dynamic(fun, [_core.typeof(p) for p, _ in pairs])
+                if any(isinstance(e, effect_type) for e in jaxpr.effects):
+                    for store in filter(None, fun.stores):  # the rule fills them instead
+                        store.reset()
+                    tracers = align_with_transformation(tracers, vmap=False, trace=self)
+                else:  # the function, traced once
+                    fun = _lu.wrap_init(functools.partial(_core.eval_jaxpr, jaxpr, consts), debug_info=fun.debug_info)
+            vmap = self.parent_trace
+            if not (isinstance(self, _ad.JVPTrace) and isinstance(vmap, _batching.BatchTrace)):
+                return _process(self, primitive, fun, jvp, tracers, **params)
+            if any(_batched_at(vmap, p) for p, _ in pairs):
+                return _process(self, primitive, fun, jvp, tracers, **params)
+            with _core.set_current_trace(vmap):
+                tracers = [
+                    _ad.JVPTracer(self, p, t if type(t) is _ad.Zero else _batched(vmap, t))
+                    for p, t in map(self.to_primal_tangent_pair, tracers)
+                ]
+            token = _primal_vmap.set(vmap.tag)
+            try:
+                return _process(self, primitive, fun, jvp, tracers, **params)
+            finally:
+                _primal_vmap.reset(token)
+
+        trace_type.process_custom_jvp_call = process
+
+
+def _batched_at(trace, x):
+    return isinstance(x, _batching.BatchTracer) and x._trace.tag is trace.tag and x.batch_dim is not None
 
 
 def keep_every_input_of_bodies_with_mpi_calls(effect_type):
