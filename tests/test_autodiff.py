@@ -775,25 +775,50 @@ def test_jacfwd_and_hessian_of_a_custom_jvp_with_mpi_calls(comm, mode):
     assert_close(MODES[mode](jax.jacfwd(total))(x), np.diag(c), rtol=1e-12)
     hessian = MODES[mode](jax.hessian(lambda x: jnp.sum(total(x) ** 2)))(x)
     assert_close(hessian, np.diag(2 * c * np.cos(xs[RANK]) - 2 * s * np.sin(xs[RANK])), rtol=1e-12)
+    # Inside an inner jit (or a loop, cond, checkpoint) the rule runs staged and
+    # is batched later: jacfwd still raises there (docs/autodiff.md, rule 1);
+    # jacrev works.
+    with pytest.raises(ValueError, match="output was batched"):
+        MODES[mode](jax.jacfwd(jax.jit(total)))(x)
+    assert_close(MODES[mode](jax.jacrev(jax.jit(total)))(x), np.diag(np.cos(xs[RANK])), rtol=1e-12)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_custom_jvp_with_mpi_calls_whose_input_is_constant_on_some_ranks(comm, mode):
-    """Only rank 0 differentiates the custom_jvp's input. JAX runs the
-    function alone where no input has a tangent, so the other ranks made
-    none of the rule's calls and rank 0 waited for them (jvp of an
-    allreduce, grad of a sendrecv ring): now the rule runs on every rank."""
+def test_custom_derivatives_with_mpi_calls_whose_input_is_constant_on_some_ranks(comm, mode):
+    """Only rank 0 differentiates the input. JAX runs a custom function alone
+    where no input has a tangent, so the other ranks made none of the rule's
+    calls and rank 0 waited for them: jvp of a custom_jvp allreduce, and of
+    one whose rule alone calls MPI; grad of a sendrecv ring as a custom_jvp
+    and as a custom_vjp (found by testers). Now the rule runs on every rank."""
     total = _custom_total(comm)
+    mean_tangent = jax.custom_jvp(lambda x: x)
+    mean_tangent.defjvp(lambda p, t: (p[0], mpijax.allreduce(t[0], MPI.SUM, comm=comm) / SIZE))
     shift = jax.custom_jvp(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, recvtag=0, comm=comm))
     shift.defjvp(lambda p, t: (shift(p[0]), shift(t[0])))
+    shift_vjp = jax.custom_vjp(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, recvtag=0, comm=comm))
+    back = lambda _, g: (mpijax.sendrecv(g, g, NEXT, PREV, recvtag=0, comm=comm),)  # noqa: E731
+    shift_vjp.defvjp(lambda x: (shift_vjp(x), None), back)
     p, v = jnp.linspace(0.2, 0.8, N), jnp.linspace(1.0, -1.0, N)
     own = lambda p: p if RANK == 0 else jnp.ones(N)  # noqa: E731
-    _, tangent = MODES[mode](lambda p, v: jax.jvp(lambda p: jnp.sum(total(own(p))), (p,), (v,)))(p, v)
-    assert tangent == pytest.approx(np.vdot(np.cos(p), v), rel=1e-12)
+    jvp = lambda f: MODES[mode](lambda p, v: jax.jvp(lambda p: f(own(p)), (p,), (v,))[1])(p, v)  # noqa: E731
+    assert_close(jvp(total), np.cos(p) * v, rtol=1e-12)  # rank 0's tangent, on every rank
+    assert_close(jvp(mean_tangent), v / SIZE, rtol=1e-12)
     weights = jnp.arange(N) + 1.0 + RANK
-    grad = MODES[mode](jax.grad(lambda p: jnp.vdot(weights, shift(own(p)))))(p)
-    # d/dp of sum_r <w_r, x_(r-1)>, with x_0 = p: w_1 on rank 0, nothing elsewhere.
-    assert_equal(grad, np.arange(N) + 1.0 + NEXT if RANK == 0 else np.zeros(N))
+    for f in (shift, shift_vjp):
+        grad = MODES[mode](jax.grad(lambda p, f=f: jnp.vdot(weights, f(own(p)))))(p)
+        # d/dp of sum_r <w_r, x_(r-1)>, with x_0 = p: w_1 on rank 0, nothing elsewhere.
+        assert_equal(grad, np.arange(N) + 1.0 + NEXT if RANK == 0 else np.zeros(N))
+
+
+def test_a_custom_jvp_function_with_python_control_flow_on_its_values():
+    """JAX runs a custom_jvp function alone, on concrete values, where its
+    input has no tangent; mpijax's look for MPI calls in it (a trace on
+    abstract values) must leave such a function to JAX (a tester's
+    regression: TracerBoolConversionError)."""
+    square_if_positive = jax.custom_jvp(lambda x: x**2 if x > 0 else -x)
+    square_if_positive.defjvp(lambda p, t: (square_if_positive(p[0]), 2 * p[0] * t[0]))
+    assert jax.grad(lambda y: y * square_if_positive(3.0))(2.0) == 9.0
+    assert jax.jvp(lambda y: y * square_if_positive(3.0), (2.0,), (1.0,))[1] == 9.0
 
 
 def test_a_custom_jvp_rule_receiving_from_anyone_is_refused_under_grad(comm):

@@ -359,7 +359,7 @@ def align_with_transformation(args, vmap=True, trace=None):
         return [_with_tangent(trace, x, _ad.LinearizeTracer, trace.tangent_trace, _linear_zeros) for x in args]
     if vmap and isinstance(trace, _batching.BatchTrace):
         if trace.tag is _primal_vmap.get() and not any(_batched_at(trace, x) for x in args):
-            return args  # a primal in a custom_jvp rule (custom_jvp_rules_with_mpi_calls)
+            return args  # a primal in a custom_jvp rule (custom_derivatives_with_mpi_calls)
         return [_batched(trace, x) for x in args]
     return args
 
@@ -387,40 +387,59 @@ def differentiate_bodies_with_mpi_calls(effect_type):
 
 
 # The vmap (its tag) directly under a JVP whose custom_jvp rule runs on
-# primals that it does not batch: see custom_jvp_rules_with_mpi_calls.
+# primals that it does not batch: see custom_derivatives_with_mpi_calls.
 _primal_vmap = contextvars.ContextVar("mpijax_primal_vmap", default=None)
 
 
-def custom_jvp_rules_with_mpi_calls(effect_type):
-    """Differentiate a custom_jvp function that makes MPI calls on every
-    rank alike, and keep its primal unbatched where jacfwd needs it so.
+def custom_derivatives_with_mpi_calls(effect_type):
+    """Differentiate custom_jvp and custom_vjp functions that make MPI calls
+    on every rank alike, and keep a custom_jvp's primal unbatched where
+    jacfwd needs it so.
 
-    JAX skips the rule where no input has a tangent, and runs the function
-    alone: on a rank whose input does not depend on the differentiated value
-    the rule's calls were missing, and the other ranks waited for them. Such
-    a call's function is traced first; if it makes MPI calls its inputs get
-    zero tangents (align_with_transformation) and the rule runs. Under
-    jacfwd (vmap over a JVP) the rule's primal calls see primals that the
-    vmap does not batch, on every rank; aligned with the vmap they were
-    batched, and jacfwd refuses a batched primal. So while the rule runs
-    there, every tangent is batched and a call whose operands the vmap does
-    not batch stays unbatched, as the primal twin of mpijax's own rules
-    (MpiPrimitive.bind_primal) does."""
+    JAX skips the rule (the fwd and bwd) where no input has a tangent, and
+    runs the function alone: on a rank whose input does not depend on the
+    differentiated value the rule's calls were missing, and the other ranks
+    waited for them. So where no input has a tangent, the function (and a
+    custom_jvp's rule) is traced first; if it makes MPI calls, its inputs get
+    zero tangents (align_with_transformation) and the rule runs; if not, the
+    traced function runs alone, as JAX would. A function that cannot be
+    traced on abstract values (Python control flow on its values, which JAX
+    gives it concrete where it runs it alone) is left to JAX.
+
+    Under jacfwd (vmap over a JVP) a custom_jvp rule's primal calls see
+    primals that the vmap does not batch, on every rank; aligned with the
+    vmap they were batched, and jacfwd refuses a batched primal. So while
+    the rule runs directly under such a vmap, every tangent is batched and a
+    call whose operands the vmap does not batch stays unbatched, as the
+    primal twin of mpijax's own rules (MpiPrimitive.bind_primal) does."""
+
+    def without_tangents(trace, tracers, funs):
+        """tracers, aligned if one of funs (WrappedFun, its input avals)
+        makes MPI calls; and the first fun, traced, if none does."""
+        traced = [_traced(f, avals) for f, avals in funs]
+        for f, _ in funs[1:]:
+            _forget(f)
+        first = funs[0][0]
+        if None in traced:
+            _forget(first)
+        elif any(isinstance(e, effect_type) for jaxpr, _ in traced for e in jaxpr.effects):
+            _forget(first)
+            tracers = align_with_transformation(tracers, vmap=False, trace=trace)
+        else:
+            jaxpr, consts = traced[0]
+            first = _lu.wrap_init(functools.partial(_core.eval_jaxpr, jaxpr, consts), debug_info=first.debug_info)
+        return tracers, first
 
     for trace_type in (_ad.JVPTrace, _ad.LinearizeTrace):
 
-        def process(self, primitive, fun, jvp, tracers, /, _process=trace_type.process_custom_jvp_call, **params):
+        def jvp_call(self, primitive, fun, jvp, tracers, /, _process=trace_type.process_custom_jvp_call, **params):
             pairs = [self.to_primal_tangent_pair(t) for t in tracers]
-            if all(type(t) is _ad.Zero for _, t in pairs) and any(_inexact(p) for p, _ in pairs):
-                jaxpr, _, consts, *_ = _pe.trace_to_jaxpr_dynamic(fun, [_core.typeof(p) for p, _ in pairs])
-                if any(isinstance(e, effect_type) for e in jaxpr.effects):
-                    for store in filter(None, fun.stores):  # the rule fills them instead
-                        store.reset()
-                    tracers = align_with_transformation(tracers, vmap=False, trace=self)
-                else:  # the function, traced once
-                    fun = _lu.wrap_init(functools.partial(_core.eval_jaxpr, jaxpr, consts), debug_info=fun.debug_info)
+            if all(type(t) is _ad.Zero for _, t in pairs):
+                avals = [_core.typeof(p) for p, _ in pairs]
+                tangent_avals = [a.to_tangent_aval() for a in avals]
+                tracers, fun = without_tangents(self, tracers, [(fun, avals), (jvp, avals + tangent_avals)])
             vmap = self.parent_trace
-            if not (isinstance(self, _ad.JVPTrace) and isinstance(vmap, _batching.BatchTrace)):
+            if not isinstance(self, _ad.JVPTrace) or not isinstance(vmap, _batching.BatchTrace):
                 return _process(self, primitive, fun, jvp, tracers, **params)
             if any(_batched_at(vmap, p) for p, _ in pairs):
                 return _process(self, primitive, fun, jvp, tracers, **params)
@@ -435,7 +454,29 @@ def custom_jvp_rules_with_mpi_calls(effect_type):
             finally:
                 _primal_vmap.reset(token)
 
-        trace_type.process_custom_jvp_call = process
+        def vjp_call(self, primitive, fun, fwd, bwd, tracers, /, _process=trace_type.process_custom_vjp_call, **params):
+            if all(type(self.to_primal_tangent_pair(t)[1]) is _ad.Zero for t in tracers):
+                tracers, fun = without_tangents(self, tracers, [(fun, [_core.typeof(t) for t in tracers])])
+            return _process(self, primitive, fun, fwd, bwd, tracers, **params)
+
+        trace_type.process_custom_jvp_call = jvp_call
+        trace_type.process_custom_vjp_call = vjp_call
+
+
+def _traced(fun, avals):
+    """fun's jaxpr and consts on avals; None where it cannot be traced so."""
+    try:
+        jaxpr, _, consts, *_ = _pe.trace_to_jaxpr_dynamic(fun, avals)
+    except Exception:
+        return None
+    return jaxpr, consts
+
+
+def _forget(fun):
+    """Empty the stores that a call of fun filled (its output's structure),
+    so that JAX can call it, or its rule, as if it had not run."""
+    for store in filter(None, fun.stores):
+        store.reset()
 
 
 def _batched_at(trace, x):
@@ -451,10 +492,10 @@ def keep_every_input_of_bodies_with_mpi_calls(effect_type):
     zeros, and the ranks that waited for its cotangents received zeros."""
     dce_jaxpr = _pe.dce_jaxpr
 
-    def keeping(jaxpr, used_outputs, instantiate=False):
+    def keeping(jaxpr, used_outputs, instantiate=False, **rest):  # JAX 0.12 adds live_inputs
         if any(isinstance(e, effect_type) for e in jaxpr.effects):
             instantiate = True
-        return dce_jaxpr(jaxpr, used_outputs, instantiate)
+        return dce_jaxpr(jaxpr, used_outputs, instantiate, **rest)
 
     _pe.dce_jaxpr = keeping
 

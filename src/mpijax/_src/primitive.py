@@ -32,7 +32,7 @@ jax_compat.aot_calls_thread_runtime_tokens()
 jax_compat.batched_while_loops_keep_finished_elements(MpiEffect)
 jax_compat.batched_conds_run_element_by_element(MpiEffect)
 jax_compat.differentiate_bodies_with_mpi_calls(MpiEffect)
-jax_compat.custom_jvp_rules_with_mpi_calls(MpiEffect)
+jax_compat.custom_derivatives_with_mpi_calls(MpiEffect)
 jax_compat.keep_every_input_of_bodies_with_mpi_calls(MpiEffect)
 seal = jax_compat.seal_at_top_level(mpi_effect)
 
