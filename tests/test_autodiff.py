@@ -766,8 +766,9 @@ def _custom_total(comm):
 def test_jacfwd_and_hessian_of_a_custom_jvp_with_mpi_calls(comm, mode):
     """jacfwd batches the tangents, not the primal: the rule's primal call
     stays unbatched (it was batched with the tangents, and jacfwd refused
-    it, found by a tester). Forward mode sums every rank's tangent, and a
-    replicated result counts once in reverse mode (docs/autodiff.md)."""
+    it, found by testers), also inside a jit or cond and under a second
+    jacfwd. Forward mode sums every rank's tangent, and a replicated result
+    counts once in reverse mode (docs/autodiff.md)."""
     total = _custom_total(comm)
     xs = [np.linspace(0.1, 1.3, N) + r for r in range(SIZE)]
     s, c = sum(map(np.sin, xs)), sum(map(np.cos, xs))
@@ -775,12 +776,22 @@ def test_jacfwd_and_hessian_of_a_custom_jvp_with_mpi_calls(comm, mode):
     assert_close(MODES[mode](jax.jacfwd(total))(x), np.diag(c), rtol=1e-12)
     hessian = MODES[mode](jax.hessian(lambda x: jnp.sum(total(x) ** 2)))(x)
     assert_close(hessian, np.diag(2 * c * np.cos(xs[RANK]) - 2 * s * np.sin(xs[RANK])), rtol=1e-12)
-    # Inside an inner jit (or a loop, cond, checkpoint) the rule runs staged and
-    # is batched later: jacfwd still raises there (docs/autodiff.md, rule 1);
-    # jacrev works.
+    # Inside an inner jit or a cond the rule runs staged and is batched later,
+    # and under jacfwd of jacfwd the inner rule runs under the outer vmap: the
+    # primal calls bind the primal twin there (raised as above before).
+    in_cond = lambda x: lax.cond(x[0] > -100, total, lambda x: -total(x), x)  # noqa: E731
+    for f in (jax.jit(total), in_cond):
+        assert_close(MODES[mode](jax.jacfwd(f))(x), np.diag(c), rtol=1e-12)
+    third = np.zeros((N, N, N))
+    third[np.arange(N), np.arange(N), np.arange(N)] = -s
+    assert_close(MODES[mode](jax.jacfwd(jax.jacfwd(total)))(x), third, rtol=1e-12)
+    # A rule whose primal is no call of the function on its own inputs is
+    # batched with its tangents there, and jacfwd refuses it (docs/autodiff.md).
+    other = jax.custom_jvp(lambda x: mpijax.allreduce(jnp.sin(x), MPI.SUM, comm=comm))
+    allreduce = functools.partial(mpijax.allreduce, op=MPI.SUM, comm=comm)
+    other.defjvp(lambda p, t: (allreduce(jnp.sin(p[0])), allreduce(jnp.cos(p[0]) * t[0])))
     with pytest.raises(ValueError, match="output was batched"):
-        MODES[mode](jax.jacfwd(jax.jit(total)))(x)
-    assert_close(MODES[mode](jax.jacrev(jax.jit(total)))(x), np.diag(np.cos(xs[RANK])), rtol=1e-12)
+        MODES[mode](jax.jacfwd(jax.jit(other)))(x)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -389,6 +389,11 @@ def differentiate_bodies_with_mpi_calls(effect_type):
 # The vmap (its tag) directly under a JVP whose custom_jvp rule runs on
 # primals that it does not batch: see custom_derivatives_with_mpi_calls.
 _primal_vmap = contextvars.ContextVar("mpijax_primal_vmap", default=None)
+# The primal inputs of the custom_jvp rule that runs now; and whether the
+# custom_jvp call made on them (the rule's primal, `f(x)`) runs now, whose MPI
+# calls bind the primal twin (MpiPrimitive.bind_primal).
+_rule_primals = contextvars.ContextVar("mpijax_rule_primals", default=())
+primal_calls = contextvars.ContextVar("mpijax_primal_calls", default=False)
 
 
 def custom_derivatives_with_mpi_calls(effect_type):
@@ -439,20 +444,24 @@ def custom_derivatives_with_mpi_calls(effect_type):
                 tangent_avals = [a.to_tangent_aval() for a in avals]
                 tracers, fun = without_tangents(self, tracers, [(fun, avals), (jvp, avals + tangent_avals)])
             vmap = self.parent_trace
-            if not isinstance(self, _ad.JVPTrace) or not isinstance(vmap, _batching.BatchTrace):
-                return _process(self, primitive, fun, jvp, tracers, **params)
-            if any(_batched_at(vmap, p) for p, _ in pairs):
-                return _process(self, primitive, fun, jvp, tracers, **params)
-            with _core.set_current_trace(vmap):
-                tracers = [
-                    _ad.JVPTracer(self, p, t if type(t) is _ad.Zero else _batched(vmap, t))
-                    for p, t in map(self.to_primal_tangent_pair, tracers)
-                ]
-            token = _primal_vmap.set(vmap.tag)
+            primals = _rule_primals.set(tuple(p for p, _ in pairs))
             try:
-                return _process(self, primitive, fun, jvp, tracers, **params)
+                if not isinstance(self, _ad.JVPTrace) or not isinstance(vmap, _batching.BatchTrace):
+                    return _process(self, primitive, fun, jvp, tracers, **params)
+                if any(_batched_at(vmap, p) for p, _ in pairs):
+                    return _process(self, primitive, fun, jvp, tracers, **params)
+                with _core.set_current_trace(vmap):
+                    tracers = [
+                        _ad.JVPTracer(self, p, t if type(t) is _ad.Zero else _batched(vmap, t))
+                        for p, t in map(self.to_primal_tangent_pair, tracers)
+                    ]
+                token = _primal_vmap.set(vmap.tag)
+                try:
+                    return _process(self, primitive, fun, jvp, tracers, **params)
+                finally:
+                    _primal_vmap.reset(token)
             finally:
-                _primal_vmap.reset(token)
+                _rule_primals.reset(primals)
 
         def vjp_call(self, primitive, fun, fwd, bwd, tracers, /, _process=trace_type.process_custom_vjp_call, **params):
             if all(type(self.to_primal_tangent_pair(t)[1]) is _ad.Zero for t in tracers):
@@ -461,6 +470,21 @@ def custom_derivatives_with_mpi_calls(effect_type):
 
         trace_type.process_custom_jvp_call = jvp_call
         trace_type.process_custom_vjp_call = vjp_call
+
+    from jax._src.custom_derivatives import custom_jvp_call_p
+
+    def bind(*args, _bind=custom_jvp_call_p.bind, **params):
+        operands = [a for a in args if not isinstance(a, _lu.WrappedFun)]
+        primals = _rule_primals.get()
+        if not (operands and all(any(a is p for p in primals) for a in operands)):
+            return _bind(*args, **params)
+        token = primal_calls.set(True)
+        try:
+            return _bind(*args, **params)
+        finally:
+            primal_calls.reset(token)
+
+    custom_jvp_call_p.bind = bind
 
 
 def _traced(fun, avals):

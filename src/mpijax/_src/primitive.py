@@ -90,6 +90,8 @@ class MpiPrimitive(jax_compat.Primitive):
     def bind(self, *args, **params):
         if jax_compat.is_eager():
             return self._compiled(params)(*args)
+        if self.primal is not self and jax_compat.primal_calls.get():
+            return self.primal.bind(*args, **params)
         return super().bind(*self._aligned(args, vmap=self.vmapped), **params)
 
     def _compiled(self, params):
