@@ -785,11 +785,13 @@ def test_jacfwd_and_hessian_of_a_custom_jvp_with_mpi_calls(comm, mode):
     third = np.zeros((N, N, N))
     third[np.arange(N), np.arange(N), np.arange(N)] = -s
     assert_close(MODES[mode](jax.jacfwd(jax.jacfwd(total)))(x), third, rtol=1e-12)
-    # A rule whose primal is no call of the function on its own inputs is
-    # batched with its tangents there, and jacfwd refuses it (docs/autodiff.md).
+    # A rule whose primal is no call of the function on its own inputs works
+    # directly under jacfwd, but inside a jit it is batched with its tangents,
+    # and jacfwd refuses it (docs/autodiff.md).
     other = jax.custom_jvp(lambda x: mpijax.allreduce(jnp.sin(x), MPI.SUM, comm=comm))
     allreduce = functools.partial(mpijax.allreduce, op=MPI.SUM, comm=comm)
     other.defjvp(lambda p, t: (allreduce(jnp.sin(p[0])), allreduce(jnp.cos(p[0]) * t[0])))
+    assert_close(MODES[mode](jax.jacfwd(other))(x), np.diag(c), rtol=1e-12)
     with pytest.raises(ValueError, match="output was batched"):
         MODES[mode](jax.jacfwd(jax.jit(other)))(x)
 
