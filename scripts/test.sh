@@ -4,8 +4,9 @@
 #   1. the C++ core's GoogleTest suite under mpirun at 1, 2 and 3 ranks (ctest);
 #   2. the tests that start their own mpirun (pytest -m launcher);
 #   3. the Python suite under mpirun at 1 rank with the oldest supported JAX
-#      (scripts/test_jax_versions.sh), then at 2 and 3 ranks with .venv's;
-#      and tests/test_gpu.py at 2 ranks on the CPU through the CUDA handlers'
+#      (scripts/test_jax_versions.sh), then at 3 ranks with .venv's (and at 2
+#      where MPICH's stages, which run it at 2, are left out); and
+#      tests/test_gpu.py at 2 ranks on the CPU through the CUDA handlers'
 #      staged path, against a stand-in CUDA runtime (where the CUDA toolkit
 #      is: MPIJAX_CUDA=STAND_IN in CMakeLists.txt); tests/test_xla_gpu.py at
 #      2 ranks, .venv's programs compiled by XLA:GPU for a described GPU
@@ -13,14 +14,16 @@
 #      runs on a GPU); then mpi4jax's own test
 #      suites of 0.9.1 and 0.6.1 (the token API) at 2 ranks, with
 #      `import mpi4jax` resolving to mpijax (scripts/mpi4jax_suite.sh);
-#   4. the same with MPICH (ctest, launcher tests, then 2 ranks: MPICH polls
-#      busily, so more ranks than cores crawl, and its 1-rank run only repeated
-#      Open MPI's), in .venv-mpich;
+#   4. with MPICH, in .venv-mpich: ctest, the launcher tests but those marked
+#      mpi_independent, then the suite at 2 ranks (MPICH polls busily, so
+#      more ranks than cores crawl; an Open MPI run at 2 ranks too only
+#      repeated this one and the 3-rank run, for a sixth of CI's time);
 #   5. ruff (lint and format) on the Python code, clang-format on the C++,
 #      and the shell scripts through shellcheck.
 # The first three use the MPI on PATH (Open MPI from Debian if there was none).
 # Every stage runs; the exit status is non-zero if any failed.
-# MPIJAX_TEST_MPICH=0 leaves out the MPICH stages.
+# MPIJAX_TEST_MPICH=0 leaves out the MPICH stages (and runs the suite at 2
+# ranks with Open MPI instead).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh --no-example || exit 1
@@ -82,11 +85,13 @@ if [ "$mpich" != 0 ]; then
 fi
 stage launcher timeout 900 "$python" -m pytest -m launcher -q --color=no tests
 # At 1 rank, under the oldest JAX that mpijax supports (its own venv, with
-# the wheel that setup.sh built); at 2 and 3 ranks under .venv's.
+# the wheel that setup.sh built); at 3 ranks under .venv's.
 oldest_jax=$("$python" -c "from mpijax._src.jax_version import TESTED; print(TESTED[0])")
 MPIJAX_WHEEL=$(ls build/wheel.venv/mpijax-*.whl) \
   stage "pytest-1-rank-jax-$oldest_jax" bash scripts/test_jax_versions.sh -n 1 "$oldest_jax"
-for n in 2 3; do
+ranks=(3)
+[ "$mpich" != 0 ] || ranks=(2 3)  # the 2-rank run is MPICH's, where it runs
+for n in "${ranks[@]}"; do
   stage "pytest-$n-ranks" timeout 1800 mpirun -n "$n" "$python" -m pytest -m "not launcher" -q --color=no tests
 done
 stand_in_tests() {  # mpijax built with MPIJAX_CUDA=STAND_IN, on top of .venv
@@ -111,7 +116,7 @@ if [ "$mpich" != 0 ]; then
   mpich_python=.venv-mpich/bin/python
   ctest_stage ctest-mpich -DMPI_C_COMPILER="$(command -v mpicc.mpich)" -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)"
   MPIJAX_OTHER_MPI4PY=$(purelib "$python") MPIJAX_MPIRUN=mpirun.mpich \
-    stage mpich-launcher timeout 900 "$mpich_python" -m pytest -m launcher -q --color=no tests
+    stage mpich-launcher timeout 900 "$mpich_python" -m pytest -m "launcher and not mpi_independent" -q --color=no tests
   stage mpich-2-ranks timeout 1800 mpirun.mpich -n 2 "$mpich_python" -m pytest -m "not launcher" -q --color=no tests
 fi
 stage lint bash -c ".venv/bin/ruff check src tests examples benchmarks && .venv/bin/ruff format --check src tests examples benchmarks \

@@ -48,6 +48,11 @@ class _OtherRankReporter:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts mpirun itself; runs only in a process started without mpirun")
+    config.addinivalue_line(
+        "markers",
+        "mpi_independent: checks what no MPI library enters into (JAX's runtimes, the API shims, "
+        "the examples' own checks); scripts/test.sh runs it with Open MPI only",
+    )
     if RANK != 0:
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:

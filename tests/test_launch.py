@@ -108,6 +108,7 @@ def test_requests_never_waited_for_are_reported_at_exit(tmp_path):
     assert reports == ["4", "4"], result.stderr
 
 
+@pytest.mark.mpi_independent
 @pytest.mark.parametrize(
     "env",
     [{"JAX_CPU_ENABLE_ASYNC_DISPATCH": "0"}, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}],
@@ -338,6 +339,7 @@ def test_readme_example(tmp_path):
     ]
 
 
+@pytest.mark.mpi_independent
 def test_the_shallow_water_example_writes_its_pictures(tmp_path):
     """The job of the README's first command, small: rank 0 reports the
     decomposition, progress and steps per second and writes the picture and
@@ -355,6 +357,7 @@ def test_the_shallow_water_example_writes_its_pictures(tmp_path):
     assert (tmp_path / "shallow_water.gif").read_bytes()[:4] == b"GIF8"
 
 
+@pytest.mark.mpi_independent
 def test_the_poisson_example_refuses_a_grid_smaller_than_the_ranks(tmp_path):
     result, _ = run_example(tmp_path, ROOT / "examples" / "poisson_cg.py", n=3, args=["--n", "2"])
     assert result.returncode != 0
@@ -494,6 +497,7 @@ def test_bind_local_gpu_spreads_the_ranks_over_the_visible_gpus(tmp_path, over):
         assert (tmp_path / f"bound.{rank}").read_text() == f"{gpu} {gpu} {fraction} 3", rank
 
 
+@pytest.mark.mpi_independent
 @pytest.mark.parametrize("n", [4, 3])
 def test_jpi_intro_example(tmp_path, n):
     """JPI's README example on mpijax.jpi: each rank's line against the math.
@@ -513,6 +517,7 @@ def test_jpi_intro_example(tmp_path, n):
         assert out[3] == "Rank 3 has result 41.0 and gradient [0. 0. 0. 0. 0. 0. 0. 0.]\n"
 
 
+@pytest.mark.mpi_independent
 def test_jpi_module_leaves_x64_alone():
     """JPI's import turns on jax_enable_x64; mpijax.jpi's does not."""
     code = "import jax, mpijax.jpi; print(jax.config.jax_enable_x64)"
@@ -522,6 +527,7 @@ def test_jpi_module_leaves_x64_alone():
     assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
 
 
+@pytest.mark.mpi_independent
 @pytest.mark.parametrize(
     "fake_version,silence,warns",
     [(None, "", False), ("0.99.0", "", True), ("0.99.0", "1", False)],
@@ -541,6 +547,7 @@ def test_import_warns_about_an_untested_jax(fake_version, silence, warns):
 SEED = ROOT / "examples" / "seed"
 
 
+@pytest.mark.mpi_independent
 @pytest.mark.parametrize("n", [2, 4])
 def test_seed_global_sum(tmp_path, n):
     """mpi4jax's README example on the token API: rank 0 prints the sum of ranks."""
@@ -550,6 +557,7 @@ def test_seed_global_sum(tmp_path, n):
     assert out[1:] == [""] * (n - 1)
 
 
+@pytest.mark.mpi_independent
 @pytest.mark.parametrize("n", [2, 4])
 def test_seed_send_recv_with_tokens(tmp_path, n):
     result, out = run_example(tmp_path, SEED / "send_recv_tokens.py", n)
@@ -557,6 +565,7 @@ def test_seed_send_recv_with_tokens(tmp_path, n):
     assert out == [f"{r} [{r ^ 1} {r ^ 1} {r ^ 1}]\n" for r in range(n)]
 
 
+@pytest.mark.mpi_independent
 @pytest.mark.parametrize("n", [2, 4])
 def test_seed_capitalised_api(tmp_path, n):
     """mpi4jax 0.2's README example with `import mpijax as mpi4jax`."""
