@@ -1,5 +1,6 @@
 """Every use of JAX's private API, in one place (JAX 0.8 and newer)."""
 
+import contextlib
 import contextvars
 import functools
 import gc
@@ -444,24 +445,20 @@ def custom_derivatives_with_mpi_calls(effect_type):
                 tangent_avals = [a.to_tangent_aval() for a in avals]
                 tracers, fun = without_tangents(self, tracers, [(fun, avals), (jvp, avals + tangent_avals)])
             vmap = self.parent_trace
-            primals = _rule_primals.set(tuple(p for p, _ in pairs))
-            try:
-                if not isinstance(self, _ad.JVPTrace) or not isinstance(vmap, _batching.BatchTrace):
-                    return _process(self, primitive, fun, jvp, tracers, **params)
-                if any(_batched_at(vmap, p) for p, _ in pairs):
+            with _setting(_rule_primals, tuple(p for p, _ in pairs)):
+                if (
+                    not isinstance(self, _ad.JVPTrace)
+                    or not isinstance(vmap, _batching.BatchTrace)
+                    or any(_batched_at(vmap, p) for p, _ in pairs)
+                ):
                     return _process(self, primitive, fun, jvp, tracers, **params)
                 with _core.set_current_trace(vmap):
                     tracers = [
                         _ad.JVPTracer(self, p, t if type(t) is _ad.Zero else _batched(vmap, t))
                         for p, t in map(self.to_primal_tangent_pair, tracers)
                     ]
-                token = _primal_vmap.set(vmap.tag)
-                try:
+                with _setting(_primal_vmap, vmap.tag):
                     return _process(self, primitive, fun, jvp, tracers, **params)
-                finally:
-                    _primal_vmap.reset(token)
-            finally:
-                _rule_primals.reset(primals)
 
         def vjp_call(self, primitive, fun, fwd, bwd, tracers, /, _process=trace_type.process_custom_vjp_call, **params):
             if all(type(self.to_primal_tangent_pair(t)[1]) is _ad.Zero for t in tracers):
@@ -476,15 +473,21 @@ def custom_derivatives_with_mpi_calls(effect_type):
     def bind(*args, _bind=custom_jvp_call_p.bind, **params):
         operands = [a for a in args if not isinstance(a, _lu.WrappedFun)]
         primals = _rule_primals.get()
-        if not (operands and all(any(a is p for p in primals) for a in operands)):
+        on_primals = bool(operands) and all(any(a is p for p in primals) for a in operands)
+        with _setting(primal_calls, True) if on_primals else contextlib.nullcontext():
             return _bind(*args, **params)
-        token = primal_calls.set(True)
-        try:
-            return _bind(*args, **params)
-        finally:
-            primal_calls.reset(token)
 
     custom_jvp_call_p.bind = bind
+
+
+@contextlib.contextmanager
+def _setting(var, value):
+    """The context variable var holds value in the block."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 def _traced(fun, avals):
@@ -553,11 +556,8 @@ def _staging(partial_eval, tangents_only):
             scope = (_TANGENTS, False)
         else:
             scope = (_core.trace_ctx.trace, sys._getframe(1).f_code.co_name == "linear_transpose")
-        token = _staging_under.set(scope)
-        try:
+        with _setting(_staging_under, scope):
             return partial_eval(*args, **kwargs)
-        finally:
-            _staging_under.reset(token)
 
     return wrapper
 
