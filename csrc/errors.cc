@@ -87,10 +87,17 @@ std::string ErrorClassName(int code) {
 std::string Hint(const CallInfo& call, const std::string& name) {
   if (name != "MPI_ERR_TRUNCATE") return "";
   if (!Collective(call)) {
+    const std::string cotangent =
+        IsDerivativeTag(call.recv_tag)
+            ? ", or this is a cotangent going back to the sender of a message that was shorter "
+              "than its receive buffer, whose reverse-mode derivatives (jax.grad, vjp, jacrev, "
+              "linear_transpose) are not supported: receive into a buffer of the message's size"
+            : "";
     return ". The message is longer than the array receiving it: either the sender's array is "
            "larger, or, under jax.vmap of a derivative, the sender's array is batched and this "
            "receive's buffer is not (a constant such as jnp.zeros(...); receive into one computed "
-           "from the batched value, see docs/autodiff.md, rule 2)";
+           "from the batched value, see docs/autodiff.md, rule 2)" +
+           cotangent;
   }
   const std::string batched =
       call.root == kUnset ? ""

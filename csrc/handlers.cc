@@ -503,7 +503,7 @@ MPIJAX_OP(Send, "send",
 template <class Memory>
 ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer route, ffi::Token,
                 Out y, Out envelope, TokenOut, int64_t comm, int64_t source, int64_t tag,
-                int64_t status) {
+                int64_t status, int64_t parts) {
   CallInfo info = Describe("recv", x);
   info.source = static_cast<int>(source);
   info.recv_tag = static_cast<int>(tag);
@@ -518,7 +518,7 @@ ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer r
         const int code = taken ? *taken
                                : mpi::Recv(out, y->element_count(), TypeOf(x), info.source,
                                            info.recv_tag, c.handle, &st);
-        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), env, status);
+        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), parts, env, status);
         return code;
       });
 }
@@ -527,13 +527,14 @@ MPIJAX_OP(Recv, "recv",
           Receiving(P::Bind().template Arg<ffi::AnyBuffer>())
               .template Attr<int64_t>("source")
               .template Attr<int64_t>("tag")
-              .template Attr<int64_t>("status"));
+              .template Attr<int64_t>("status")
+              .template Attr<int64_t>("parts"));
 
 template <class Memory>
 ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyBuffer recv,
                     ffi::AnyBuffer route, ffi::Token, Out y, Out envelope, TokenOut, int64_t comm,
-                    int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag,
-                    int64_t status) {
+                    int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag, int64_t status,
+                    int64_t parts) {
   CallInfo info = Describe("sendrecv", send);
   info.source = static_cast<int>(source);
   info.dest = static_cast<int>(dest);
@@ -570,7 +571,7 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
             : *taken ? *taken
                      : mpi::Send(source_data, send.element_count(), TypeOf(send), info.dest,
                                  info.send_tag, c.handle);
-        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), env, status);
+        if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), parts, env, status);
         return code;
       });
 }
@@ -581,7 +582,8 @@ MPIJAX_OP(Sendrecv, "sendrecv",
               .template Attr<int64_t>("dest")
               .template Attr<int64_t>("sendtag")
               .template Attr<int64_t>("recvtag")
-              .template Attr<int64_t>("status"));
+              .template Attr<int64_t>("status")
+              .template Attr<int64_t>("parts"));
 
 using Ints = ffi::Span<const int64_t>;
 

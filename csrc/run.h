@@ -130,17 +130,28 @@ std::optional<int> TakeAside(Memory& m, const CallInfo& info, MPI_Comm comm, voi
 }
 
 // A receive leaves unspecified what a shorter message did not fill (or all of
-// the buffer for MPI_PROC_NULL); zero it so results are deterministic. The
-// status goes to the envelope output (the route of the receive's
-// derivatives, and how Python fills an MPI.Status after an eager call) and
-// to the address of a status that a compiled program writes.
+// the buffer for MPI_PROC_NULL); zero it so results are deterministic. Under
+// vmap a message is `parts` equal parts, one per batch element, as is its
+// buffer: each part of a shorter one goes to the front of its own place, as
+// each element's own receive would have put it. The status goes to the
+// envelope output (the route of the receive's derivatives, and how Python
+// fills an MPI.Status after an eager call) and to the address of a status
+// that a compiled program writes.
 template <class Memory>
-void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes, void* envelope,
-                   int64_t status_address) {
+void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes, int64_t parts,
+                   void* envelope, int64_t status_address) {
   int received = 0;
   if (MPI_Get_count(&status, MPI_BYTE, &received) == MPI_SUCCESS && received >= 0 &&
       static_cast<size_t>(received) < bytes) {
-    m.Zero(static_cast<char*>(out) + received, bytes - static_cast<size_t>(received));
+    const size_t got = static_cast<size_t>(received);
+    const size_t n = parts > 1 && got % parts == 0 && bytes % parts == 0 ? parts : 1;
+    std::vector<char> message(n > 1 ? got : 0);
+    if (n > 1) m.Copy(message.data(), out, got);
+    char* to = static_cast<char*>(out);
+    for (size_t i = n; i-- > 0;) {
+      if (n > 1) m.Copy(to + i * (bytes / n), message.data() + i * (got / n), got / n);
+      m.Zero(to + i * (bytes / n) + got / n, (bytes - got) / n);
+    }
   }
   m.Copy(envelope, &status, sizeof status);
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;

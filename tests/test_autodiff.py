@@ -837,13 +837,16 @@ def test_a_custom_jvp_function_with_python_control_flow_on_its_values():
 def test_a_custom_jvp_rule_receiving_from_anyone_is_refused_under_grad(comm):
     """JAX transposes a custom_jvp rule's tangent code under grad without
     running it: the same error as linear_transpose's, which now names the
-    case (found by a tester, with sendrecv's default recvtag)."""
+    case (found by a tester, with sendrecv's default recvtag), where the
+    transpose runs or is compiled, also differentiated again."""
     shift = jax.custom_jvp(lambda x: mpijax.sendrecv(x, x, PREV, NEXT, comm=comm))
     shift.defjvp(lambda primals, tangents: (shift(*primals), shift(*tangents)))
     x = jnp.arange(3.0) + RANK
     assert_equal(jax.jvp(shift, (x,), (2 * x,))[1], 2 * (jnp.arange(3.0) + PREV))
-    with pytest.raises(NotImplementedError, match="that has not run: .*a custom_jvp rule's tangent under jax.grad"):
-        jax.grad(lambda x: jnp.sum(shift(x)))(x)
+    grad = jax.grad(lambda x: jnp.sum(jnp.sin(shift(x))))
+    for f in (grad, jax.jit(grad), jax.jacfwd(grad), jax.jacrev(grad)):
+        with pytest.raises(NotImplementedError, match="that has not run: .*a custom_jvp rule's tangent under jax.grad"):
+            f(x)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -1090,10 +1093,11 @@ def test_cg_with_distributed_matvec(comm, mode):
 
 @pytest.mark.parametrize("solver", ["bicgstab", "gmres"])
 def test_nonsymmetric_solvers_with_a_matvec_that_receives(comm, solver):
-    """bicgstab and gmres transpose their matvec under grad without running
-    it (lax.custom_linear_solve): with the source and tag passed, the gradient
-    is right; with sendrecv's default recvtag, MPI.ANY_TAG, every rank raises
-    while tracing. The replicated matvec is A v = sum over ranks of M_r v +
+    """bicgstab and gmres transpose their matvec without running it
+    (lax.custom_linear_solve): with the source and tag passed, the gradient
+    is right; with sendrecv's default recvtag, MPI.ANY_TAG, the solve is
+    right (eager and jitted: the transpose is taken, never run) and its grad
+    raises on every rank, before the transpose runs. The replicated matvec is A v = sum over ranks of M_r v +
     P_r v, P_r v reaching rank r + 1 by sendrecv; v is marked varying, or the
     transposed matvec would give each rank its own share of A^T w only."""
     rng = np.random.default_rng(5)
@@ -1115,8 +1119,13 @@ def test_nonsymmetric_solvers_with_a_matvec_that_receives(comm, solver):
     value, g = jax.jit(jax.value_and_grad(functools.partial(loss, recvtag=0)))(jnp.asarray(b))
     assert_close(value, np.sum(x**2), rtol=1e-8)
     assert_close(g, 2 * np.linalg.solve(a.T, x), rtol=1e-7)
-    with pytest.raises(NotImplementedError, match="that has not run: .*lax.custom_linear_solve's matvec"):
-        jax.grad(loss)(jnp.asarray(b))
+    for mode in MODES.values():
+        assert_close(mode(loss)(jnp.asarray(b)), np.sum(x**2), rtol=1e-8)
+    bs = jnp.stack([b, 2 * b])
+    assert_close(jax.vmap(loss)(bs), [np.sum(x**2), 4 * np.sum(x**2)], rtol=1e-8)
+    for mode in MODES.values():
+        with pytest.raises(NotImplementedError, match="that has not run: .*lax.custom_linear_solve's matvec"):
+            mode(jax.grad(loss))(jnp.asarray(b))
 
 
 # Replicated results that feed work differing by rank --------------------------

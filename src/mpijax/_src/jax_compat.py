@@ -23,6 +23,7 @@ from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import mlir as _mlir
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.interpreters import pxla as _pxla
+from jax._src.lax.control_flow import solves as _solves
 from jax.extend.core import ClosedJaxpr, Primitive  # noqa: F401  (re-exported)
 from jax.extend.mlir.dialects import stablehlo as _hlo
 
@@ -555,13 +556,31 @@ def _staging(partial_eval, tangents_only):
         if tangents_only:
             scope = (_TANGENTS, False)
         else:
-            scope = (_core.trace_ctx.trace, sys._getframe(1).f_code.co_name == "linear_transpose")
+            linear = sys._getframe(1).f_code.co_name == "linear_transpose" and not _solve_transposing.get()
+            scope = (_core.trace_ctx.trace, linear)
         with _setting(_staging_under, scope):
             return partial_eval(*args, **kwargs)
 
     return wrapper
 
 
+# lax.custom_linear_solve takes its matvec's transpose (jax.scipy's bicgstab
+# and gmres) when it is built, for a forward solve too, and runs it only under
+# grad: there a transpose that cannot be computed (a receive from anyone) is
+# refused where it is compiled or run (primitive.refusal_p), not while
+# linear_transpose stages the matvec.
+_solve_transposing = contextvars.ContextVar("mpijax_solve_transposing", default=False)
+
+
+_transpose_one_output = _solves._transpose_one_output
+
+
+def _transpose_for_solve(*args, **kwargs):
+    with _setting(_solve_transposing, True):
+        return _transpose_one_output(*args, **kwargs)
+
+
+_solves._transpose_one_output = _transpose_for_solve
 _pe.trace_to_jaxpr_nounits = _staging(_pe.trace_to_jaxpr_nounits, tangents_only=False)
 # JAX 0.12's checkpoint transposes with the _fwd form.
 for _name in ("partial_eval_jaxpr_nounits", "partial_eval_jaxpr_nounits_fwd"):
@@ -575,9 +594,9 @@ def stage_mpi_calls(primitive, check_transposable=None, tangents=False):
     floating-point constants as linear values (a frozen new ref) if
     `tangents` (the primitive of the tangents' calls, not its primal twin),
     so that linear_transpose transposes it on every rank; and under
-    pe.partial_eval_jaxpr_nounits, see _staging. There
-    `check_transposable(**params)` may raise first, on every rank alike,
-    before any MPI call has run."""
+    pe.partial_eval_jaxpr_nounits, see _staging. Under linear_transpose
+    (not where custom_linear_solve calls it) `check_transposable(**params)`
+    may raise first, on every rank alike, before any MPI call has run."""
 
     def rule(trace, *tracers, **params):
         parent, linear = _staging_under.get()

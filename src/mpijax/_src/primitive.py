@@ -312,6 +312,39 @@ def local_primitive(name, impl, *, transpose, batch):
     return prim
 
 
+def _refuse(*args, message, outputs):
+    raise NotImplementedError(message)
+
+
+def _refusal_batch(args, dims, *, message, outputs):
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    outputs = tuple(((size, *shape), dtype) for shape, dtype in outputs)
+    outs = refusal_p.bind(*batch_operands(args, dims, [0] * len(args)), message=message, outputs=outputs)
+    return outs, [0] * len(outs)
+
+
+def _refusal_transpose(cts, *operands, message, outputs):
+    outputs = tuple((x.aval.shape, x.aval.dtype) for x in operands)
+    return refusal_p.bind(*map(ad.instantiate_zeros, cts), message=message, outputs=outputs)
+
+
+# refusal_p.bind(*operands, message=, outputs=((shape, dtype), ...)): a linear
+# map that cannot be computed, which raises NotImplementedError(message) where
+# it is compiled or run, not where it is traced (lax.custom_linear_solve takes
+# its matvec's transpose for a forward solve too, and only grad runs it). It
+# has the MPI effect, so that it is never dead-code-eliminated where the
+# peers' transposed calls would wait for it.
+refusal_p = jax_compat.Primitive("mpijax_refusal")
+refusal_p.multiple_results = True
+refusal_p.def_impl(_refuse)
+refusal_p.def_effectful_abstract_eval(
+    lambda *avals, outputs, **params: ([jax.core.ShapedArray(*out) for out in outputs], {mpi_effect})
+)
+mlir.register_lowering(refusal_p, _refuse)
+batching.primitive_batchers[refusal_p] = _refusal_batch
+ad.deflinear2(refusal_p, _refusal_transpose)
+
+
 def linear_jvp(prim, primals, tangents, **params):
     """The JVP of a linear primitive: the same call on the tangents."""
     return prim.bind_primal(*primals, **params), prim.bind(*map(ad.instantiate_zeros, tangents), **params)

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from .. import comm as _comm
 from .. import dtypes, jax_compat, validation
-from ..primitive import batch_operands, cotangent, mpi_primitive
+from ..primitive import batch_operands, cotangent, mpi_primitive, refusal_p
 from ..runtime import core
 
 ROUTED = core.ROUTED
@@ -53,17 +53,24 @@ def receives_from_anyone(params):
     return "source" in params and (params["source"] == MPI.ANY_SOURCE or params[_receive_tag(params)] == MPI.ANY_TAG)
 
 
+def _unanswerable(name):
+    return (
+        f"mpijax.{name}: cannot transpose a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG that has "
+        "not run: the transpose answers the rank that sent, under the tag it used, which only the "
+        "receive finds out. jax.grad, jax.vjp and jax.jacrev run it first; jax.linear_transpose does "
+        "not, nor does JAX where it transposes code itself (a custom_jvp rule's tangent under jax.grad, "
+        "lax.custom_linear_solve's matvec under jax.grad, as in jax.scipy's bicgstab and gmres). There, pass "
+        "source and tag (recvtag= for sendrecv)"
+    )
+
+
 def check_transposable(name):
+    """Raises while linear_transpose stages the call, on every rank alike,
+    before any MPI call has run (jax_compat.stage_mpi_calls)."""
+
     def check(**params):
         if receives_from_anyone(params):
-            raise NotImplementedError(
-                f"mpijax.{name}: cannot transpose a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG that has "
-                "not run: the transpose answers the rank that sent, under the tag it used, which only the "
-                "receive finds out. jax.grad, jax.vjp and jax.jacrev run it first; jax.linear_transpose does "
-                "not, nor does JAX where it transposes code itself (a custom_jvp rule's tangent under jax.grad, "
-                "lax.custom_linear_solve's matvec, as in jax.scipy's bicgstab and gmres). There, pass source and tag "
-                "(recvtag= for sendrecv)"
-            )
+            raise NotImplementedError(_unanswerable(name))
 
     return check
 
@@ -135,6 +142,7 @@ def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, t
         source=_source(source, comm, "recv"),
         tag=validation.tag(tag, "tag", "recv", allow_any=True),
         status=_status_address(status, "recv"),
+        parts=1,
     )
     y, envelope = recv_p.bind(x, unrouted(), **params)
     _fill(status, envelope)
@@ -158,6 +166,7 @@ def sendrecv(
         sendtag=validation.tag(sendtag, "sendtag", "sendrecv"),
         recvtag=validation.tag(recvtag, "recvtag", "sendrecv", allow_any=True),
         status=_status_address(status, "sendrecv"),
+        parts=1,
         alias_recvbuf=alias_recvbuf,
     )
     y, envelope = sendrecv_p.bind(sendbuf, recvbuf, unrouted(), **params)
@@ -190,43 +199,59 @@ def _sendrecv_jvp(prim, primals, tangents, **params):
 
 
 def _batch(prim, args, dims, **params):
-    """One message carries the whole batch, batch axis first; its route is
-    the status of one such message. So a batched route is the same in every
-    element, one route that vmap broadcast (a cond whose predicate is batched
-    runs both branches on batched operands, its constants included)."""
+    """One message carries the whole batch, batch axis first, in as many
+    parts as a receive's buffer (a shorter message fills the front of each);
+    its route is the status of one such message. So a batched route is the
+    same in every element, one route that vmap broadcast (a cond whose
+    predicate is batched runs both branches on batched operands, its
+    constants included)."""
     *data, route = args
     if dims[-1] is not None:
         route = lax.index_in_dim(route, 0, dims[-1], keepdims=False)
     if all(d is None for d in dims[:-1]):
         outs = prim.bind(*data, route, **params)
         return outs, [None] * len(outs)
+    if "parts" in params:
+        size = next(x.shape[d] for x, d in zip(data, dims, strict=False) if d is not None)
+        params = {**params, "parts": params["parts"] * size}
     outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
     return outs, [0, None][: len(outs)]
 
 
 # Cotangents travel back the way the values came, from the receiver to the
 # sender (or the routed peer), under the derivative tag of the value's tag.
+# One is never shorter than its receive (parts=1): the cotangent of a message
+# shorter than its receive buffer has that buffer's size, and MPI refuses it.
 def _send_transpose(cts, x, route, *, comm, dest, tag):
     template = jax_compat.transposed_receive_buffer(x.aval)
-    back, _ = recv_p.bind(template, route, **derivative(dict(comm=comm, source=dest, tag=tag, status=0)))
+    back, _ = recv_p.bind(template, route, **derivative(dict(comm=comm, source=dest, tag=tag, status=0, parts=1)))
     return [back, None]
 
 
-# A receive from anyone is transposed only after it ran, routed by its
-# envelope (its JVP's tangent receive): this one never did.
-def _recv_transpose(cts, x, route, *, comm, source, tag, status):
-    recv_p.check_transposable(source=source, tag=tag)
-    send_p.bind(cotangent(cts), route, **derivative(dict(comm=comm, dest=source, tag=tag)))
+# A receive from anyone is transposed after it ran, routed by its envelope
+# (its JVP's tangent receive); one that never did is refused where the
+# transpose is compiled or run.
+def _recv_transpose(cts, x, route, *, comm, source, tag, status, parts):
+    if receives_from_anyone(dict(source=source, tag=tag)):
+        refusal_p.bind(cotangent(cts), message=_unanswerable("recv"), outputs=())
+    else:
+        send_p.bind(cotangent(cts), route, **derivative(dict(comm=comm, dest=source, tag=tag)))
     return [ad.Zero(x.aval), None]
 
 
-def _sendrecv_transpose(cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status, alias_recvbuf):
-    sendrecv_p.check_transposable(source=source, recvtag=recvtag)
+def _sendrecv_transpose(
+    cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status, parts, alias_recvbuf
+):
+    if receives_from_anyone(dict(source=source, recvtag=recvtag)):
+        (back,) = refusal_p.bind(
+            cotangent(cts), message=_unanswerable("sendrecv"), outputs=((sendbuf.aval.shape, sendbuf.aval.dtype),)
+        )
+        return [back, ad.Zero(recvbuf.aval), None]
     back, _ = sendrecv_p.bind(
         cotangent(cts),
         jax_compat.transposed_receive_buffer(sendbuf.aval),
         route,
-        **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0)),
+        **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0, parts=1)),
         alias_recvbuf=1,
     )
     return [back, ad.Zero(recvbuf.aval), None]
@@ -256,7 +281,7 @@ sendrecv_p = mpi_primitive(
     jvp=_sendrecv_jvp,
     transpose=_sendrecv_transpose,
     batch=_batch,
-    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status"),
+    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status", "parts"),
     routed=True,
     check_transposable=check_transposable("sendrecv"),
 )
