@@ -530,11 +530,27 @@ class Placed {
   int error_ = MPI_SUCCESS;
 };
 
+// Open MPI's nonblocking all-to-alls (libnbc) take a send buffer at the
+// receive buffer's address for MPI_IN_PLACE, which sends from the receive
+// buffer by the receive counts; XLA may place an empty buffer at another's
+// address (found by a tester: a rank that receives nothing sent nothing, and
+// its peer waited). An empty buffer moves nothing, at any address of its own.
+void Separate(const void*& in, void*& out, const Counts& send_counts) {
+  static char elsewhere;
+  if (in != out) return;
+  if (std::all_of(send_counts.begin(), send_counts.end(), [](int64_t n) { return n == 0; })) {
+    in = &elsewhere;
+  } else {
+    out = &elsewhere;
+  }
+}
+
 // Any v-collective as one MPI_Alltoallw: `send_counts[i]` elements at
 // `send_offsets[i]` of `in` go to rank i, and so on for the receive.
 int Exchange(const void* in, const Counts& send_counts, const Counts& send_offsets, void* out,
              const Counts& recv_counts, const Counts& recv_offsets, MPI_Datatype type,
              MPI_Comm comm) {
+  Separate(in, out, send_counts);
   const Placed s(send_counts, send_offsets, type), r(recv_counts, recv_offsets, type);
   if (s.error()) return s.error();
   if (r.error()) return r.error();
@@ -649,6 +665,7 @@ int Alltoallv(const void* in, const Counts& send_counts, void* out, const Counts
                     type, comm);
   }
   const IntLayout s(send_counts), r(recv_counts);
+  Separate(in, out, send_counts);
   return Complete(
       [&] {
         return MPI_Alltoallv(in, s.counts.data(), s.displacements.data(), type, out,

@@ -78,6 +78,31 @@ def test_alltoallv(comm, mode, dtype, layout, row):
     assert_equal(got, np.concatenate([parts[s][RANK] for s in range(SIZE)]))
 
 
+@pytest.mark.parametrize("op", ["alltoallv", "ragged_alltoall"])
+def test_a_rank_that_receives_nothing_under_the_watchdog(comm, op):
+    """Rank 0 sends two rows to rank 1 and receives none: XLA placed its empty
+    result at its input's address, which Open MPI's nonblocking all-to-alls
+    took for MPI_IN_PLACE, so rank 0 sent nothing and rank 1 waited (found by
+    a tester, under jit of vmap; ragged_alltoall's result empty by rows=0)."""
+    send_counts = [[0, 2, *[0] * (SIZE - 2)] if r == 0 else list(np.eye(SIZE, dtype=int)[r]) for r in range(SIZE)]
+    if SIZE == 1:
+        send_counts = [[0]]
+    recv_counts = [send_counts[s][RANK] for s in range(SIZE)]
+    xs = [np.arange(sum(send_counts[r]) * 3.0).reshape(-1, 3) + 100 * r for r in range(SIZE)]
+    parts = [np.split(2 * xs[s], np.cumsum(send_counts[s])[:-1]) for s in range(SIZE)]
+    want = np.concatenate([parts[s][RANK] for s in range(SIZE)])
+    if op == "alltoallv":
+        f = lambda x: mpijax.alltoallv(x * 2, send_counts[RANK], recv_counts, comm=comm)  # noqa: E731
+    else:
+        f = lambda x: mpijax.ragged_alltoall(x * 2, np.array(send_counts[RANK]), rows=len(want), comm=comm)[0]  # noqa: E731
+    mpijax.set_timeout(20)
+    try:
+        assert_equal(jax.jit(jax.vmap(f))(np.stack([xs[RANK], 3 * xs[RANK]])), np.stack([want, 3 * want]))
+        assert_equal(jax.jit(f)(xs[RANK]), want)
+    finally:
+        mpijax.set_timeout(None)
+
+
 # Every reduction defined on the dtype, on a few dtypes of each kind.
 REDUCED = {
     "int32": ["SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"],
