@@ -398,3 +398,6 @@ def test_a_request_never_waited_for_is_an_error_at_trace_time(comm):
         jax.jit(f).lower(jnp.ones(2))
     with pytest.raises(ValueError, match="never used"):
         jax.jit(lambda x: lax.fori_loop(0, 2, lambda i, x: f(x), x)).lower(jnp.ones(2))
+    # Passed to started only: still never waited for (a tester's).
+    with pytest.raises(ValueError, match="never used"):
+        jax.jit(lambda x: mpijax.started(mpijax.isend(x, RANK, comm=comm), x)).lower(jnp.ones(2))

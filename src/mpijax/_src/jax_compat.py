@@ -281,12 +281,13 @@ def jaxprs(closed_jaxpr):
         pending.extend(sub for eqn in jaxpr.eqns for sub in _core.jaxprs_in_params(eqn.params))
 
 
-def unused_results(closed_jaxpr, primitives):
+def unused_results(closed_jaxpr, primitives, passive=lambda eqn: 0):
     """The equations of any of `primitives`, anywhere in the program, none of
-    whose results is used where they are made."""
+    whose results is used where they are made; the first passive(eqn)
+    operands of an equation are not uses."""
     found = []
     for jaxpr in jaxprs(closed_jaxpr):
-        used = {v for e in jaxpr.eqns for v in e.invars if isinstance(v, _core.Var)}
+        used = {v for e in jaxpr.eqns for v in e.invars[passive(e) :] if isinstance(v, _core.Var)}
         used |= {v for v in jaxpr.outvars if isinstance(v, _core.Var)}
         found += [e for e in jaxpr.eqns if e.primitive in primitives and not any(v in used for v in e.outvars)]
     return found

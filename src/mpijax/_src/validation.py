@@ -54,8 +54,9 @@ def tag(value, name, op, *, allow_any=False):
 
 def counts(values, name, comm, op):
     """Rows per rank of a v-variant: a static sequence of comm-size
-    non-negative ints, the same on every rank (check mode verifies that)."""
-    if isinstance(values, jax.core.Tracer) or not hasattr(values, "__len__") or isinstance(values, str):
+    non-negative ints, the same on every rank (check mode verifies that); not
+    a dict or set, whose keys would pass for counts."""
+    if isinstance(values, (jax.core.Tracer, str, dict, set)) or not hasattr(values, "__len__"):
         raise TypeError(
             f"mpijax.{op}: {name} must be a sequence of {comm.size} static Python ints (one per rank), "
             f"got {type(values).__name__} {values!r}"
