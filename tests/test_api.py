@@ -266,6 +266,25 @@ def test_mpi4jax_code_runs_unchanged():
     np.testing.assert_array_equal(gathered, every if RANK == 0 else every[RANK])
 
 
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+def test_where_results_differ_from_mpi4jax(mode):
+    """docs/migration.md's differences: send and barrier return None
+    (mpi4jax: []); a weakly typed input gives a weakly typed result, so a
+    bfloat16 array divided by it stays bfloat16 (mpi4jax: float32); an input
+    returned unchanged comes back as a JAX array (mpi4jax: x itself)."""
+    run = jax.jit if mode == "jit" else (lambda f: f)
+    comm = MPI.COMM_WORLD
+    assert run(lambda: mpijax.barrier(comm=comm))() is None
+    assert run(lambda x: mpijax.send(x, MPI.PROC_NULL, comm=comm))(jnp.ones(2)) is None
+    n = run(lambda x: mpijax.allreduce(x, op=MPI.SUM, comm=comm))(1.0)
+    assert jax.typeof(n).weak_type and n == SIZE
+    assert (jnp.ones(2, jnp.bfloat16) / n).dtype == jnp.bfloat16
+    kept = run(lambda x: mpijax.bcast(x, root=0, comm=MPI.COMM_SELF))(np.float64(2.5))
+    assert isinstance(kept, jax.Array) and kept == 2.5
+    reduced = run(lambda x: mpijax.reduce(x, op=MPI.SUM, root=0, comm=comm))(np.float64(2.5))
+    assert isinstance(reduced, jax.Array) and reduced == (2.5 * SIZE if RANK == 0 else 2.5)
+
+
 def test_untested_jax_versions_get_a_warning_that_can_be_silenced(monkeypatch):
     low, high = jax_version.TESTED
     monkeypatch.delenv("MPIJAX_UNTESTED_JAX", raising=False)
