@@ -404,6 +404,8 @@ def test_halo_exchange_checks_its_array():
     c = cart(True)
     with pytest.raises(ValueError, match=r"at least 3 \* width = 6 cells"):
         mpijax.halo_exchange(jnp.zeros((5, 9)), c, width=2)
+    with pytest.raises(ValueError, match=r"halo_exchange: width must be at least 1 \(ghost cells per side\), got 0"):
+        mpijax.halo_exchange(jnp.zeros((5, 9)), c, width=0)
     c.Free()
 
 

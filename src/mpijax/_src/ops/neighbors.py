@@ -241,14 +241,15 @@ def halo_exchange(x, comm, *, width=1, corners=True):
     fields, structure = jax.tree.flatten(x)
     fields = [dtypes.array(field, op) for field in fields]
     width = validation.static_int(width, "width", op)
+    if width < 1:
+        raise ValueError(f"mpijax.{op}: width must be at least 1 (ghost cells per side), got {width}")
     faces = cart_neighbors(comm, corners=False)
     ndim = comm.Get_dim()
     for field in fields:
-        if width < 1 or field.ndim < ndim or any(n < 3 * width for n in field.shape[:ndim]):
+        if field.ndim < ndim or any(n < 3 * width for n in field.shape[:ndim]):
             raise ValueError(
                 f"mpijax.{op}: x must have at least 3 * width = {3 * width} cells (ghosts included) along each of "
-                f"its first {ndim} axes, the decomposed ones, with width >= 1; got shape {field.shape} and width "
-                f"{width}"
+                f"its first {ndim} axes, the decomposed ones; got shape {field.shape} and width {width}"
             )
     plan = _plan(comm, faces, [f.shape[:ndim] for f in fields], width, corners)
     if not plan["field"]:
