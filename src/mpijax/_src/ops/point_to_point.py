@@ -212,7 +212,7 @@ def _batch(prim, args, dims, **params):
         outs = prim.bind(*data, route, **params)
         return outs, [None] * len(outs)
     if "parts" in params:
-        size = next(x.shape[d] for x, d in zip(data, dims, strict=False) if d is not None)
+        size = next(x.shape[d] for x, d in zip(data, dims[:-1], strict=True) if d is not None)
         params = {**params, "parts": params["parts"] * size}
     outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
     return outs, [0, None][: len(outs)]
