@@ -176,6 +176,17 @@ std::string Pair(int sender, const Signature& sent, int receiver, const Signatur
 int AgreePair(CallInfo& call, MPI_Comm comm, std::string* mismatch) {
   int rank;
   if (int rc = MPI_Comm_rank(comm, &rank)) return rc;
+  // So a receive from anyone takes a message of values that this rank sent
+  // itself, where one waits: no announcement would come for it.
+  if (call.source == MPI_ANY_SOURCE) {
+    int waiting = 0;
+    MPI_Status probed;
+    if (int rc = MPI_Iprobe(rank, call.recv_tag, comm, &waiting, &probed)) return rc;
+    if (waiting && !IsDerivativeTag(probed.MPI_TAG)) {
+      call.source = rank;
+      call.recv_tag = probed.MPI_TAG;
+    }
+  }
   const auto peer = [rank](int p) { return p == kUnset || p == rank ? MPI_PROC_NULL : p; };
   const int dest = peer(call.dest);
   const int source = peer(call.source);

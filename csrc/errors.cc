@@ -90,8 +90,9 @@ std::string Hint(const CallInfo& call, const std::string& name) {
     const std::string cotangent =
         IsDerivativeTag(call.recv_tag)
             ? ", or this is a cotangent going back to the sender of a message that was shorter "
-              "than its receive buffer, whose reverse-mode derivatives (jax.grad, vjp, jacrev, "
-              "linear_transpose) are not supported: receive into a buffer of the message's size"
+              "than its receive buffer, transposed without having run (jax.linear_transpose, "
+              "which cannot know the message's size; jax.grad, vjp and jacrev run the receive "
+              "first and send back as many elements as it took)"
             : "";
     return ". The message is longer than the array receiving it: either the sender's array is "
            "larger, or, under jax.vmap of a derivative, the sender's array is batched and this "

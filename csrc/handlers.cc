@@ -475,18 +475,26 @@ MPIJAX_OP(
     P::Bind().template Arg<ffi::Token>().template Ret<ffi::Token>().template Attr<int64_t>("comm"));
 
 // A send to oneself is copied on the host (mpi_calls.h), and a routed send
-// may turn out to be one.
+// may turn out to be one. A transposed receive's send answers its message
+// (`answers`, Answered).
 template <class Memory>
 ffi::Error Send(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer route, ffi::Token,
-                TokenOut, int64_t comm, int64_t dest, int64_t tag) {
+                TokenOut, int64_t comm, int64_t dest, int64_t tag, int64_t answers) {
   CallInfo info = Describe("send", x);
   info.dest = static_cast<int>(dest);
   info.send_tag = static_cast<int>(tag);
+  size_t answer = 0;
   const auto to_self = [&](const Comm& c) { return info.dest == c.rank || info.dest == kRouted; };
   return Run<Memory>(
-      ctx, info, comm, to_self, [&](Memory& m) { Route(m, route, &info.dest, &info.send_tag); },
+      ctx, info, comm, to_self,
+      [&](Memory& m) {
+        Route(m, route, &info.dest, &info.send_tag);
+        answer = Answered(m, route, answers, info);
+      },
       [&](const Comm& c, Memory& m) {
-        return mpi::Send(m.In(x), x.element_count(), TypeOf(x), info.dest, info.send_tag, c.handle);
+        std::vector<char> packed;
+        const void* data = Answer(m, m.In(x), x.size_bytes(), answer, answers, &packed);
+        return mpi::Send(data, info.count, TypeOf(x), info.dest, info.send_tag, c.handle);
       });
 }
 
@@ -498,7 +506,8 @@ MPIJAX_OP(Send, "send",
               .template Ret<ffi::Token>()
               .template Attr<int64_t>("comm")
               .template Attr<int64_t>("dest")
-              .template Attr<int64_t>("tag"));
+              .template Attr<int64_t>("tag")
+              .template Attr<int64_t>("answers"));
 
 template <class Memory>
 ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer route, ffi::Token,
@@ -534,7 +543,7 @@ template <class Memory>
 ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyBuffer recv,
                     ffi::AnyBuffer route, ffi::Token, Out y, Out envelope, TokenOut, int64_t comm,
                     int64_t source, int64_t dest, int64_t sendtag, int64_t recvtag, int64_t status,
-                    int64_t parts) {
+                    int64_t parts, int64_t answers) {
   CallInfo info = Describe("sendrecv", send);
   info.source = static_cast<int>(source);
   info.dest = static_cast<int>(dest);
@@ -546,11 +555,13 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
   // overlapping send is copied on the host (XLA copies an operand passed
   // twice, and sendrecv(x, x) does not alias, but this does not rely on it).
   const bool overlap = send.size_bytes() > 0 && send.untyped_data() == y->untyped_data();
+  size_t answer = 0;
   return Run<Memory>(
       ctx, info, comm, [&](const Comm&) { return overlap; },
       [&](Memory& m) {
         Route(m, route, &info.source, &info.recv_tag);
         Route(m, route, &info.dest, &info.send_tag);
+        answer = Answered(m, route, answers, info);
       },
       [&](const Comm& c, Memory& m) {
         const void* source_data = m.In(send);
@@ -562,15 +573,17 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
           copy.assign(bytes, bytes + send.size_bytes());
           source_data = copy.data();
         }
+        std::vector<char> packed;
+        source_data = Answer(m, source_data, send.size_bytes(), answer, answers, &packed);
         MPI_Status st;
         const std::optional<int> taken = TakeAside(m, info, c.handle, out, y->size_bytes(), &st);
-        const int code =
-            !taken   ? mpi::Sendrecv(source_data, send.element_count(), TypeOf(send), info.dest,
-                                     info.send_tag, out, y->element_count(), TypeOf(recv),
-                                     info.source, info.recv_tag, c.handle, &st)
-            : *taken ? *taken
-                     : mpi::Send(source_data, send.element_count(), TypeOf(send), info.dest,
-                                 info.send_tag, c.handle);
+        const int code = !taken
+                             ? mpi::Sendrecv(source_data, info.count, TypeOf(send), info.dest,
+                                             info.send_tag, out, y->element_count(), TypeOf(recv),
+                                             info.source, info.recv_tag, c.handle, &st)
+                         : *taken ? *taken
+                                  : mpi::Send(source_data, info.count, TypeOf(send), info.dest,
+                                              info.send_tag, c.handle);
         if (code == MPI_SUCCESS) FinishReceive(m, st, out, y->size_bytes(), parts, env, status);
         return code;
       });
@@ -583,7 +596,8 @@ MPIJAX_OP(Sendrecv, "sendrecv",
               .template Attr<int64_t>("sendtag")
               .template Attr<int64_t>("recvtag")
               .template Attr<int64_t>("status")
-              .template Attr<int64_t>("parts"));
+              .template Attr<int64_t>("parts")
+              .template Attr<int64_t>("answers"));
 
 using Ints = ffi::Span<const int64_t>;
 

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -103,16 +104,29 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
       context, info, comm_id, host_access, [](Memory&) {}, call);
 }
 
+// A call's route (handlers.h); after a memory error, when it cannot be read,
+// the route of no message (MPI_PROC_NULL, -1).
+template <class Memory>
+Envelope ReadRoute(Memory& m, const xla::ffi::AnyBuffer& route) {
+  Envelope e{};
+  m.Copy(&e, m.In(route), sizeof e);
+  if (!m.error().empty()) {
+    e = Envelope{};
+    e.status.MPI_SOURCE = MPI_PROC_NULL;
+    e.part_bytes = -1;
+  }
+  return e;
+}
+
 // Fills in a routed peer and its tag from `route` (see kRouted). Only
 // derivatives are routed, so the tag becomes a derivative tag (tags.h). A
 // message from MPI_PROC_NULL is answered to MPI_PROC_NULL, and so is every
-// routed call after a memory error, when the route cannot be read.
+// routed call after a memory error.
 template <class Memory>
 void Route(Memory& m, const xla::ffi::AnyBuffer& route, int* peer, int* tag) {
   if (*peer != kRouted) return;
-  MPI_Status status{};
-  m.Copy(&status, m.In(route), sizeof status);
-  *peer = m.error().empty() ? status.MPI_SOURCE : MPI_PROC_NULL;
+  const MPI_Status status = ReadRoute(m, route).status;
+  *peer = status.MPI_SOURCE;
   *tag = DerivativeTag(*peer == MPI_PROC_NULL ? 0 : status.MPI_TAG);
 }
 
@@ -129,32 +143,100 @@ std::optional<int> TakeAside(Memory& m, const CallInfo& info, MPI_Comm comm, voi
   return MPI_SUCCESS;
 }
 
+// The bytes a receive took, from its status; nothing where MPI cannot say.
+inline std::optional<size_t> ReceivedBytes(const MPI_Status& status) {
+  MPI_Count received = 0;
+  if (MPI_Get_elements_x(&status, MPI_BYTE, &received) != MPI_SUCCESS || received < 0) {
+    return std::nullopt;
+  }
+  return static_cast<size_t>(received);
+}
+
+// Copies `parts` runs of `size` bytes, run i from `from + i * from_step` to
+// `to + i * to_step`.
+template <class Memory>
+void CopyParts(Memory& m, char* to, size_t to_step, const char* from, size_t from_step, size_t size,
+               size_t parts) {
+  for (size_t i = 0; i < parts; ++i) m.Copy(to + i * to_step, from + i * from_step, size);
+}
+
+// Under vmap a message is `parts` equal parts, one per batch element, as is
+// its buffer; a shorter message's parts each belong at the front of their own
+// place, as each element's own receive would have put them. The parts of a
+// `got`-byte message within a `bytes`-byte buffer, or 1 where they are not
+// whole.
+inline size_t PartsOf(size_t got, size_t bytes, int64_t parts) {
+  const auto n = static_cast<size_t>(std::max<int64_t>(parts, 1));
+  return got % n == 0 && bytes % n == 0 ? n : 1;
+}
+
 // A receive leaves unspecified what a shorter message did not fill (or all of
-// the buffer for MPI_PROC_NULL); zero it so results are deterministic. Under
-// vmap a message is `parts` equal parts, one per batch element, as is its
-// buffer: each part of a shorter one goes to the front of its own place, as
-// each element's own receive would have put it. The status goes to the
-// envelope output (the route of the receive's derivatives, and how Python
-// fills an MPI.Status after an eager call) and to the address of a status
-// that a compiled program writes.
+// the buffer for MPI_PROC_NULL); zero it so results are deterministic, after
+// spreading the message's parts (PartsOf). The envelope (the route of the
+// receive's derivatives, and how Python fills an MPI.Status after an eager
+// call) gets the status and the bytes of each part; so does the address of a
+// status that a compiled program writes, the status only.
 template <class Memory>
 void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes, int64_t parts,
                    void* envelope, int64_t status_address) {
-  int received = 0;
-  if (MPI_Get_count(&status, MPI_BYTE, &received) == MPI_SUCCESS && received >= 0 &&
-      static_cast<size_t>(received) < bytes) {
-    const size_t got = static_cast<size_t>(received);
-    const size_t n = parts > 1 && got % parts == 0 && bytes % parts == 0 ? parts : 1;
-    std::vector<char> message(n > 1 ? got : 0);
-    if (n > 1) m.Copy(message.data(), out, got);
+  const std::optional<size_t> got = ReceivedBytes(status);
+  const size_t n = got ? PartsOf(*got, bytes, parts) : 1;
+  if (got && *got < bytes) {
     char* to = static_cast<char*>(out);
-    for (size_t i = n; i-- > 0;) {
-      if (n > 1) m.Copy(to + i * (bytes / n), message.data() + i * (got / n), got / n);
-      m.Zero(to + i * (bytes / n) + got / n, (bytes - got) / n);
+    if (n > 1) {
+      std::vector<char> message(*got);
+      m.Copy(message.data(), out, *got);
+      CopyParts(m, to, bytes / n, message.data(), *got / n, *got / n, n);
     }
+    for (size_t i = 0; i < n; ++i) m.Zero(to + i * (bytes / n) + *got / n, (bytes - *got) / n);
   }
-  m.Copy(envelope, &status, sizeof status);
+  Envelope e;
+  std::memset(&e, 0, sizeof e);
+  e.status = status;
+  e.part_bytes = got && n == static_cast<size_t>(std::max<int64_t>(parts, 1))
+                     ? static_cast<int64_t>(*got / n)
+                     : -1;
+  m.Copy(envelope, &e, sizeof e);
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
+}
+
+// A transposed receive (`answers`: its data's parts; 0 for any other send)
+// sends back a cotangent as long as the message that the receive took, not
+// as its buffer, since the sender's transposed send receives into an array
+// of the size it sent: the front of each part, as long as the message's
+// parts (the route's Envelope), where FinishReceive put them. A route that
+// does not know (-1: Python's unrouted(), a receive transposed without having
+// run) answers with the whole buffer. The bytes to send; `info`, which check
+// mode and the log read, is narrowed to them.
+template <class Memory>
+size_t Answered(Memory& m, const xla::ffi::AnyBuffer& route, int64_t answers, CallInfo& info) {
+  const auto bytes = static_cast<size_t>(info.bytes);
+  if (answers <= 0 || info.count == 0) return bytes;
+  const auto n = static_cast<size_t>(answers);
+  const int64_t part = ReadRoute(m, route).part_bytes;
+  const size_t width = bytes / static_cast<size_t>(info.count);
+  if (part < 0 || bytes % n != 0 || static_cast<size_t>(part) >= bytes / n ||
+      static_cast<size_t>(part) % width != 0) {
+    return bytes;
+  }
+  const size_t answer = static_cast<size_t>(part) * n;
+  info.count = static_cast<int64_t>(answer / width);
+  info.bytes = static_cast<int64_t>(answer);
+  info.shape = Shape{1, {info.count}};
+  return answer;
+}
+
+// The view of `data` (`bytes` long) that sends its `answer` bytes (Answered):
+// the parts' fronts packed into `packed` where there are several.
+template <class Memory>
+const void* Answer(Memory& m, const void* data, size_t bytes, size_t answer, int64_t answers,
+                   std::vector<char>* packed) {
+  if (answer == bytes || answers <= 1) return data;
+  const auto n = static_cast<size_t>(answers);
+  packed->resize(answer);
+  CopyParts(m, packed->data(), answer / n, static_cast<const char*>(data), bytes / n, answer / n,
+            n);
+  return packed->data();
 }
 
 }  // namespace mpijax

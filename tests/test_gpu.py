@@ -346,6 +346,23 @@ def test_grad_of_a_jitted_training_step(comm, memory):
     assert_close(run(step, w, x), x.T @ (2 * t * (1 - t**2)), rtol=1e-10)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_reverse_mode_through_short_messages(comm, memory, mode):
+    """A message shorter than its receive buffer answers a cotangent of its
+    own length, each batch element's part packed from device memory under
+    vmap (test_point_to_point's test, on DEVICE): the global loss is the sum
+    over ranks of sum(w_r * y_r**2), y_r the previous rank's x padded."""
+    w = lambda r: np.arange(5.0) + 10 * r + 1  # noqa: E731
+
+    def loss(x):
+        return jnp.sum(w(RANK) * mpijax.sendrecv(x, jnp.zeros(5), PREV, NEXT, comm=comm) ** 2)
+
+    x = np.arange(3.0) + RANK + 1
+    xs = np.stack([x, 2 * x, -x])
+    assert_close(run(MODES[mode](jax.grad(loss)), x), 2 * w(NEXT)[:3] * x, rtol=1e-12)
+    assert_close(run(MODES[mode](jax.vmap(jax.grad(loss))), xs), 2 * w(NEXT)[:3] * xs, rtol=1e-12)
+
+
 def test_rows_of_a_field_go_straight_into_the_calls_of_a_loop(memory):
     """reference.stencil_loop, whose slices XLA:GPU's dynamic-slice fusion
     folds into a fusion around the calls, token and all, which its priority

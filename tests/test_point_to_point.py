@@ -238,15 +238,53 @@ def test_short_messages_under_vmap_and_jacfwd(comm, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_reverse_mode_through_a_short_message_names_the_cause(comm, mode):
-    """The cotangent of a message shorter than its receive buffer has the
-    buffer's size, longer than the array that sent it: every rank's transposed
-    sendrecv raises, naming that (a tester found the truncation blamed on vmap)."""
-    loss = lambda x: jnp.sum(mpijax.sendrecv(x, jnp.zeros(5), PREV, NEXT, comm=comm))  # noqa: E731
+def test_reverse_mode_through_short_messages(comm, mode):
+    """A message shorter than its receive buffer gets back a cotangent as long
+    as itself, which the sender's template holds (a tester found MPI_ERR_TRUNCATE
+    instead): grad through a sendrecv ring and through recv with the default
+    source and tag, per-example under vmap, of a vmapped loss, the Hessian,
+    and with check mode on. Against NumPy: the global loss is the sum over
+    ranks of sum(w_r * y_r**2), y_r the previous rank's x padded with zeros."""
+    w = lambda r: np.arange(5.0) + 10 * r + 1  # noqa: E731
+    expected = lambda x: 2 * w(NEXT)[:3] * x  # noqa: E731
+
+    def by_sendrecv(x):
+        return jnp.sum(w(RANK) * mpijax.sendrecv(x, jnp.zeros(5), PREV, NEXT, comm=comm) ** 2)
+
+    def by_recv(x):
+        if RANK % 2 == 0:
+            mpijax.send(x, NEXT, tag=RANK, comm=comm)
+        y = mpijax.recv(jnp.zeros(5), comm=comm)
+        if RANK % 2:
+            mpijax.send(x, NEXT, tag=RANK, comm=comm)
+        return jnp.sum(w(RANK) * y**2)
+
+    x = np.arange(3.0) + RANK + 1  # float64, as jnp.zeros(5) (tests run with x64 on)
+    xs = np.stack([x, 2 * x, -x])
+    for loss in (by_sendrecv, by_recv):
+        np.testing.assert_allclose(MODES[mode](jax.grad(loss))(x), expected(x), rtol=1e-6)
+    np.testing.assert_allclose(MODES[mode](jax.vmap(jax.grad(by_sendrecv)))(xs), expected(xs), rtol=1e-6)
+    batch_loss = lambda xs: jnp.sum(jax.vmap(by_sendrecv)(xs))  # noqa: E731
+    np.testing.assert_allclose(MODES[mode](jax.grad(batch_loss))(xs), expected(xs), rtol=1e-6)
+    np.testing.assert_allclose(MODES[mode](jax.hessian(by_sendrecv))(x), np.diag(2 * w(NEXT)[:3]), rtol=1e-6)
+    mpijax.set_check(True)
+    try:
+        checked = MODES[mode](jax.grad(by_recv))(x)
+        jax.block_until_ready(checked)
+    finally:
+        mpijax.set_check(False)
+    np.testing.assert_allclose(checked, expected(x), rtol=1e-6)
+
+
+def test_linear_transpose_of_a_short_message_names_the_cause(comm):
+    """jax.linear_transpose does not run the receive, so it cannot know the
+    message's length: the whole cotangent goes back, and the sender's
+    transposed receive raises, naming that (a tester found the truncation
+    blamed on vmap)."""
+    f = lambda x: mpijax.sendrecv(x, jnp.zeros(5), PREV, NEXT, recvtag=0, comm=comm)  # noqa: E731
     match = r"(?s)MPI_ERR_TRUNCATE.*a cotangent going back to the sender of a message that was shorter"
     with pytest.raises(jax.errors.JaxRuntimeError, match=match):
-        jax.block_until_ready(MODES[mode](jax.grad(loss))(jnp.ones(3)))
-    assert_equal(MODES[mode](loss)(jnp.ones(3)), 3.0)
+        jax.block_until_ready(jax.linear_transpose(f, jnp.ones(3))(jnp.ones(5)))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -98,6 +98,23 @@ TEST(Check, AnySourceAndAnyTagAreNarrowedToTheMatchedSender) {
   EXPECT_EQ(mismatch, "");
 }
 
+// A message to oneself shakes no hands, so a receive from anyone takes it
+// where it waits, rather than wait for an announcement that never comes.
+TEST(Check, AnySourceTakesAMessageToOneselfThatWaits) {
+  int x = 5, y = 0;
+  ASSERT_EQ(mpi::Send(&x, 1, MPI_INT, Rank(), 9, MPI_COMM_WORLD), MPI_SUCCESS);
+  CallInfo recv = Recv(MPI_ANY_SOURCE, MPI_ANY_TAG, 1);
+  std::string mismatch;
+  ASSERT_EQ(Agree(recv, MPI_COMM_WORLD, &mismatch), MPI_SUCCESS);
+  EXPECT_EQ(mismatch, "");
+  EXPECT_EQ(recv.source, Rank());
+  EXPECT_EQ(recv.recv_tag, 9);
+  ASSERT_EQ(
+      mpi::Recv(&y, 1, MPI_INT, recv.source, recv.recv_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+      MPI_SUCCESS);
+  EXPECT_EQ(y, 5);
+}
+
 // Rank 0 sends `sent`, rank 1 receives into `wanted`; returns each end's
 // mismatch text and whether its peer was kept.
 std::pair<std::string, bool> Pair(const CallInfo& sent, const CallInfo& wanted) {

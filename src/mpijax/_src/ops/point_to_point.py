@@ -4,7 +4,8 @@ Every call takes a route operand last: the MPI_Status of an earlier receive,
 from which a peer given as ROUTED (and its tag) is read at run time. Every
 receive returns its own MPI_Status, its envelope, as data. So the derivatives
 of a receive from MPI.ANY_SOURCE or with MPI.ANY_TAG answer whoever actually
-sent, under the tag it used.
+sent, under the tag it used, and those of a message shorter than its receive
+buffer answer with as many elements as it had.
 """
 
 import ctypes
@@ -23,7 +24,7 @@ from ..primitive import batch_operands, cotangent, mpi_primitive, refusal_p
 from ..runtime import core
 
 ROUTED = core.ROUTED
-ENVELOPE = jax.core.ShapedArray((core.STATUS_BYTES,), np.uint8)
+ENVELOPE = jax.core.ShapedArray((core.ENVELOPE_BYTES,), np.uint8)  # csrc/handlers.h
 
 
 def _inexact(dtype):
@@ -84,9 +85,10 @@ def derivative(params):
 
 @functools.cache
 def unrouted():
-    """The route operand of a call whose peers are known at trace time."""
+    """The route operand of a call whose peers are known at trace time, which
+    names no message (csrc/handlers.h)."""
     with jax.ensure_compile_time_eval():
-        return jnp.zeros(ENVELOPE.shape, ENVELOPE.dtype)
+        return jnp.asarray(np.frombuffer(core.UNROUTED, ENVELOPE.dtype))
 
 
 # Compiled programs write into these Status objects by address: keep them alive.
@@ -111,7 +113,7 @@ def _status_address(status, op):
 def _fill(status, envelope):
     """After an eager call (which then waits for the receive to finish)."""
     if status is not None and not isinstance(envelope, jax.core.Tracer):
-        ctypes.memmove(MPI._addressof(status), np.asarray(envelope).ctypes.data, ENVELOPE.shape[0])
+        ctypes.memmove(MPI._addressof(status), np.asarray(envelope).ctypes.data, core.STATUS_BYTES)
 
 
 def _source(source, comm, op):
@@ -127,7 +129,8 @@ def send(x, dest, *, tag=0, comm=None, token=validation.NOTSET):
     validation.no_token(token, "send")
     comm = _comm.resolve(comm, "send")
     x = dtypes.array(x, "send")
-    send_p.bind(x, unrouted(), comm=comm.id, dest=_dest(dest, comm, "send"), tag=validation.tag(tag, "tag", "send"))
+    params = dict(comm=comm.id, dest=_dest(dest, comm, "send"), tag=validation.tag(tag, "tag", "send"), answers=0)
+    send_p.bind(x, unrouted(), **params)
 
 
 def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, token=validation.NOTSET):
@@ -167,6 +170,7 @@ def sendrecv(
         recvtag=validation.tag(recvtag, "recvtag", "sendrecv", allow_any=True),
         status=_status_address(status, "sendrecv"),
         parts=1,
+        answers=0,
         alias_recvbuf=alias_recvbuf,
     )
     y, envelope = sendrecv_p.bind(sendbuf, recvbuf, unrouted(), **params)
@@ -174,16 +178,25 @@ def sendrecv(
     return y
 
 
+def _uses_route(params):
+    """Whether a call reads its route: a peer given as ROUTED, or a
+    transposed receive's answer (see _recv_transpose)."""
+    return ROUTED in (params.get("source"), params.get("dest")) or params.get("answers", 0) > 0
+
+
 def _jvp(prim, primals, tangents, **params):
-    """Linear: the tangents travel the same way, in a derivative message,
-    which a receive from anyone takes from the sender of the value (routed by
-    the value's envelope). The status describes the value's message only."""
+    """Linear: the tangents travel the same way, in a derivative message.
+    A receive's tangent takes the value's envelope as its route, which its
+    transpose answers, and by which a receive from anyone takes its tangent
+    from the sender of the value. The status describes the value's message
+    only."""
     outs = prim.bind_primal(*primals, **params)
     route, tangent_params = primals[-1], derivative(params)
     if "status" in params:
         tangent_params["status"] = 0
+        if not _uses_route(params):
+            route = outs[-1]
     if receives_from_anyone(params):
-        route = outs[-1]
         tangent_params.update({"source": ROUTED, _receive_tag(params): ROUTED})
     tangent_outs = prim.bind(*map(ad.instantiate_zeros, tangents[:-1]), route, **tangent_params)
     return outs, [*tangent_outs[:1], ad.Zero(ENVELOPE.to_tangent_aval())][: len(outs)]
@@ -211,20 +224,22 @@ def _batch(prim, args, dims, **params):
     if all(d is None for d in dims[:-1]):
         outs = prim.bind(*data, route, **params)
         return outs, [None] * len(outs)
-    if "parts" in params:
-        size = next(x.shape[d] for x, d in zip(data, dims[:-1], strict=True) if d is not None)
-        params = {**params, "parts": params["parts"] * size}
+    size = next(x.shape[d] for x, d in zip(data, dims[:-1], strict=True) if d is not None)
+    params = {**params, **{k: params[k] * size for k in ("parts", "answers") if k in params}}
     outs = prim.bind(*batch_operands(data, dims[:-1], [0] * len(data)), route, **params)
     return outs, [0, None][: len(outs)]
 
 
 # Cotangents travel back the way the values came, from the receiver to the
 # sender (or the routed peer), under the derivative tag of the value's tag.
-# One is never shorter than its receive (parts=1): the cotangent of a message
-# shorter than its receive buffer has that buffer's size, and MPI refuses it.
-def _send_transpose(cts, x, route, *, comm, dest, tag):
+# A transposed receive answers (answers=parts): it sends back as many
+# elements as its message had, read from its route (the value's envelope, see
+# _jvp), so a message shorter than its receive buffer gets a cotangent of its
+# own size. Transposed again, the answer is such a short message (parts=answers).
+def _send_transpose(cts, x, route, *, comm, dest, tag, answers):
     template = jax_compat.transposed_receive_buffer(x.aval)
-    back, _ = recv_p.bind(template, route, **derivative(dict(comm=comm, source=dest, tag=tag, status=0, parts=1)))
+    params = derivative(dict(comm=comm, source=dest, tag=tag, status=0, parts=max(answers, 1)))
+    back, _ = recv_p.bind(template, route, **params)
     return [back, None]
 
 
@@ -235,12 +250,12 @@ def _recv_transpose(cts, x, route, *, comm, source, tag, status, parts):
     if receives_from_anyone(dict(source=source, tag=tag)):
         refusal_p.bind(cotangent(cts), message=_unanswerable("recv"), outputs=())
     else:
-        send_p.bind(cotangent(cts), route, **derivative(dict(comm=comm, dest=source, tag=tag)))
+        send_p.bind(cotangent(cts), route, **derivative(dict(comm=comm, dest=source, tag=tag)), answers=parts)
     return [ad.Zero(x.aval), None]
 
 
 def _sendrecv_transpose(
-    cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status, parts, alias_recvbuf
+    cts, sendbuf, recvbuf, route, *, comm, source, dest, sendtag, recvtag, status, parts, answers, alias_recvbuf
 ):
     if receives_from_anyone(dict(source=source, recvtag=recvtag)):
         (back,) = refusal_p.bind(
@@ -251,7 +266,9 @@ def _sendrecv_transpose(
         cotangent(cts),
         jax_compat.transposed_receive_buffer(sendbuf.aval),
         route,
-        **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0, parts=1)),
+        **derivative(dict(comm=comm, source=dest, dest=source, sendtag=recvtag, recvtag=sendtag, status=0)),
+        parts=max(answers, 1),
+        answers=0 if answers else parts,
         alias_recvbuf=1,
     )
     return [back, ad.Zero(recvbuf.aval), None]
@@ -281,7 +298,7 @@ sendrecv_p = mpi_primitive(
     jvp=_sendrecv_jvp,
     transpose=_sendrecv_transpose,
     batch=_batch,
-    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status", "parts"),
+    attributes=("comm", "source", "dest", "sendtag", "recvtag", "status", "parts", "answers"),
     routed=True,
     check_transposable=check_transposable("sendrecv"),
 )
