@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -29,6 +30,16 @@ struct Envelope {
   MPI_Status status;
   int64_t part_bytes;
 };
+
+// The route of no message, every byte set (Python's unrouted() is its bytes).
+inline Envelope NoRoute() {
+  Envelope e;
+  std::memset(&e, 0, sizeof e);
+  e.status.MPI_SOURCE = MPI_PROC_NULL;
+  e.status.MPI_TAG = MPI_ANY_TAG;
+  e.part_bytes = -1;
+  return e;
+}
 
 // Platform ("cpu", and "CUDA" in CUDA builds) -> (target name, handler).
 using HandlerTable = std::map<std::string, std::vector<std::pair<const char*, XLA_FFI_Handler*>>>;

@@ -12,7 +12,6 @@
 
 #include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -101,11 +100,7 @@ NB_MODULE(_core, m) {
   m.attr("ROUTED") = kRouted;
   m.attr("STATUS_BYTES") = sizeof(MPI_Status);
   m.attr("ENVELOPE_BYTES") = sizeof(Envelope);
-  Envelope unrouted;
-  std::memset(&unrouted, 0, sizeof unrouted);  // padding too: Python's constant is these bytes
-  unrouted.part_bytes = -1;
-  unrouted.status.MPI_SOURCE = MPI_PROC_NULL;
-  unrouted.status.MPI_TAG = MPI_ANY_TAG;
+  const Envelope unrouted = NoRoute();
   m.attr("UNROUTED") = nb::bytes(reinterpret_cast<const char*>(&unrouted), sizeof unrouted);
   m.def("largest_tag", &LargestTag);
   m.def("derivative_tag", &DerivativeTag);

@@ -105,17 +105,12 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
 }
 
 // A call's route (handlers.h); after a memory error, when it cannot be read,
-// the route of no message (MPI_PROC_NULL, -1).
+// the route of no message.
 template <class Memory>
 Envelope ReadRoute(Memory& m, const xla::ffi::AnyBuffer& route) {
   Envelope e{};
   m.Copy(&e, m.In(route), sizeof e);
-  if (!m.error().empty()) {
-    e = Envelope{};
-    e.status.MPI_SOURCE = MPI_PROC_NULL;
-    e.part_bytes = -1;
-  }
-  return e;
+  return m.error().empty() ? e : NoRoute();
 }
 
 // Fills in a routed peer and its tag from `route` (see kRouted). Only
@@ -160,27 +155,22 @@ void CopyParts(Memory& m, char* to, size_t to_step, const char* from, size_t fro
   for (size_t i = 0; i < parts; ++i) m.Copy(to + i * to_step, from + i * from_step, size);
 }
 
-// Under vmap a message is `parts` equal parts, one per batch element, as is
-// its buffer; a shorter message's parts each belong at the front of their own
-// place, as each element's own receive would have put them. The parts of a
-// `got`-byte message within a `bytes`-byte buffer, or 1 where they are not
-// whole.
-inline size_t PartsOf(size_t got, size_t bytes, int64_t parts) {
-  const auto n = static_cast<size_t>(std::max<int64_t>(parts, 1));
-  return got % n == 0 && bytes % n == 0 ? n : 1;
-}
-
 // A receive leaves unspecified what a shorter message did not fill (or all of
-// the buffer for MPI_PROC_NULL); zero it so results are deterministic, after
-// spreading the message's parts (PartsOf). The envelope (the route of the
-// receive's derivatives, and how Python fills an MPI.Status after an eager
-// call) gets the status and the bytes of each part; so does the address of a
-// status that a compiled program writes, the status only.
+// the buffer for MPI_PROC_NULL); zero it so results are deterministic. Under
+// vmap a message is `parts` equal parts, one per batch element, as is its
+// buffer: each part of a shorter one goes to the front of its own place, as
+// each element's own receive would have put it (where the parts are whole;
+// else the message is one part). The envelope (the route of the receive's
+// derivatives, and how Python fills an MPI.Status after an eager call) gets
+// the status and the bytes of each part; the address of a status that a
+// compiled program writes gets the status.
 template <class Memory>
 void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes, int64_t parts,
                    void* envelope, int64_t status_address) {
   const std::optional<size_t> got = ReceivedBytes(status);
-  const size_t n = got ? PartsOf(*got, bytes, parts) : 1;
+  const auto batch = static_cast<size_t>(std::max<int64_t>(parts, 1));
+  const bool whole = got && *got % batch == 0 && bytes % batch == 0;
+  const size_t n = whole ? batch : 1;
   if (got && *got < bytes) {
     char* to = static_cast<char*>(out);
     if (n > 1) {
@@ -193,9 +183,7 @@ void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
   Envelope e;
   std::memset(&e, 0, sizeof e);
   e.status = status;
-  e.part_bytes = got && n == static_cast<size_t>(std::max<int64_t>(parts, 1))
-                     ? static_cast<int64_t>(*got / n)
-                     : -1;
+  e.part_bytes = whole ? static_cast<int64_t>(*got / n) : -1;
   m.Copy(envelope, &e, sizeof e);
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
 }
