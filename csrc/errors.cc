@@ -95,9 +95,9 @@ std::string Hint(const CallInfo& call, const std::string& name) {
               "first and send back as many elements as it took)"
             : "";
     return ". The message is longer than the array receiving it: either the sender's array is "
-           "larger, or, under jax.vmap of a derivative, the sender's array is batched and this "
-           "receive's buffer is not (a constant such as jnp.zeros(...); receive into one computed "
-           "from the batched value, see docs/autodiff.md, rule 2)" +
+           "larger (or of a wider dtype), or, under jax.vmap of a derivative, the sender's array "
+           "is batched and this receive's buffer is not (a constant such as jnp.zeros(...); "
+           "receive into one computed from the batched value, see docs/autodiff.md, rule 2)" +
            cotangent;
   }
   const std::string batched =
@@ -134,6 +134,14 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   if (code == mpi::kWrongSize) {
     return ffi::Error::Internal(failed + "a message shorter than its receive" + about +
                                 "; each message must fill its receive exactly");
+  }
+  if (code == mpi::kPartElement) {
+    const char* dtype = call.recv_dtype ? call.recv_dtype : call.dtype;
+    return ffi::Error::Internal(
+        failed + "the message ends inside an element of the " + dtype + " array receiving it" +
+        about +
+        ": the sender's array has another dtype, and MPI does not convert it (with x64 on, "
+        "jnp.zeros(n) is float64); give the receive buffer the sender's dtype");
   }
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;

@@ -34,6 +34,9 @@ void SetTimeout(double seconds);
 inline constexpr int kTimedOut = -1;  // MPI error codes are >= 0
 // A message shorter than its receive, where it must fill it (NeighborExchange).
 inline constexpr int kWrongSize = -2;
+// A message that ends inside an element of its receive (recv, sendrecv): the
+// sender's dtype is not the buffer's, whose element MPI cannot convert.
+inline constexpr int kPartElement = -3;
 
 // `count` elements of `element` as one (int count, datatype) pair.
 class Block {

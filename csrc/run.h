@@ -163,11 +163,15 @@ void CopyParts(Memory& m, char* to, size_t to_step, const char* from, size_t fro
 // else the message is one part). The envelope (the route of the receive's
 // derivatives, and how Python fills an MPI.Status after an eager call) gets
 // the status and the bytes of each part; the address of a status that a
-// compiled program writes gets the status.
+// compiled program writes gets the status. Returns an MPI error code:
+// kPartElement for a message of another dtype that leaves an element of the
+// buffer half written (MPI carries no types; one that fills whole elements
+// passes unseen, as documented).
 template <class Memory>
-void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes, int64_t parts,
-                   void* envelope, int64_t status_address) {
+int FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
+                  size_t element_bytes, int64_t parts, void* envelope, int64_t status_address) {
   const std::optional<size_t> got = ReceivedBytes(status);
+  if (got && element_bytes > 1 && *got % element_bytes != 0) return mpi::kPartElement;
   const auto batch = static_cast<size_t>(std::max<int64_t>(parts, 1));
   const bool whole = got && *got % batch == 0 && bytes % batch == 0;
   const size_t n = whole ? batch : 1;
@@ -186,6 +190,7 @@ void FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
   e.part_bytes = whole ? static_cast<int64_t>(*got / n) : -1;
   m.Copy(envelope, &e, sizeof e);
   if (status_address) *reinterpret_cast<MPI_Status*>(status_address) = status;
+  return MPI_SUCCESS;
 }
 
 // A transposed receive (`answers`: its data's parts; 0 for any other send)

@@ -218,6 +218,29 @@ def test_short_message_leaves_zeros(comm, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_message_of_another_dtype(comm, mode):
+    """The trap of receiving into jnp.zeros(n) with x64 on (float64) what the
+    sender holds as float32: MPI carries no types. Four float32 fill the front
+    of a float64[4] with their bytes, as the README says; three end inside an
+    element, and the receive raises, naming the cause (recv, sendrecv)."""
+    x = np.arange(4, dtype=np.float32) + 10 * RANK + 1
+    got = MODES[mode](lambda x: ring(x, comm, template=jnp.zeros(4)))(x)
+    assert_equal(got, np.concatenate([(x - 10 * (RANK - PREV)).view(np.float64), np.zeros(2)]))
+
+    def one_way(x):  # 12 bytes: every send completes before its receive is posted
+        mpijax.send(x, NEXT, comm=comm)
+        return mpijax.recv(jnp.zeros(3), PREV, comm=comm)
+
+    for op, f in [("recv", one_way), ("sendrecv", lambda x: mpijax.sendrecv(x, jnp.zeros(3), PREV, NEXT, comm=comm))]:
+        match = (
+            rf"mpijax\.{op} failed on rank {RANK} of {SIZE}: the message ends inside an element of the "
+            rf"float64 array receiving it \(receiving from rank {PREV} .*\): the sender's array has another dtype"
+        )
+        with pytest.raises(jax.errors.JaxRuntimeError, match=match):
+            jax.block_until_ready(MODES[mode](f)(x[:3]))
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_short_messages_under_vmap_and_jacfwd(comm, mode):
     """Batched, each element's message fills the front of its own receive
     buffer, as the element's own call does (a tester's: the batch's one
