@@ -133,7 +133,8 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   const std::string about = PointToPoint(call) ? " (" + Messages(call) + ")" : "";
   if (code == mpi::kWrongSize) {
     return ffi::Error::Internal(failed + "a message shorter than its receive" + about +
-                                "; each message must fill its receive exactly");
+                                "; each message must fill its receive exactly (the same number "
+                                "of elements, of the same dtype)");
   }
   if (code == mpi::kPartElement) {
     const char* dtype = call.recv_dtype ? call.recv_dtype : call.dtype;

@@ -365,6 +365,15 @@ def test_reverse_mode_through_short_messages(comm, memory, mode):
     assert_close(run(MODES[mode](jax.vmap(jax.grad(loss))), xs), 2 * w(NEXT)[:3] * xs, rtol=1e-12)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_message_that_ends_inside_an_element_raises(comm, memory, mode):
+    """test_point_to_point's test_a_message_of_another_dtype, on DEVICE:
+    three float32 into jnp.zeros(3), float64 here."""
+    f = MODES[mode](lambda x: mpijax.sendrecv(x, jnp.zeros(3), PREV, NEXT, comm=comm))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="the message ends inside an element of the float64 array"):
+        run(f, np.arange(3, dtype=np.float32))
+
+
 def test_rows_of_a_field_go_straight_into_the_calls_of_a_loop(memory):
     """reference.stencil_loop, whose slices XLA:GPU's dynamic-slice fusion
     folds into a fusion around the calls, token and all, which its priority

@@ -158,12 +158,20 @@ def test_a_message_to_oneself_needs_its_receive(comm):
 
 
 @pytest.mark.skipif(SIZE < 2, reason="needs a neighbour")
-@pytest.mark.parametrize("sent,received,match", [(2, 4, "shorter than its receive"), (4, 2, "MPI_ERR_TRUNCATE")])
-def test_a_message_of_the_wrong_size_is_an_error_where_it_arrives(comm, sent, received, match):
-    """Rank 0 sends to rank 1 a message of another size than rank 1 expects:
-    rank 1 raises, naming the message; rank 0's send completes."""
+@pytest.mark.parametrize(
+    "sent,dtype,received,match",
+    [
+        (2, "float64", 4, "shorter than its receive"),
+        (4, "float64", 2, "MPI_ERR_TRUNCATE"),
+        (4, "float32", 4, r"shorter than its receive(?=.*of the same dtype\))"),
+    ],
+)
+def test_a_message_of_the_wrong_size_is_an_error_where_it_arrives(comm, sent, dtype, received, match):
+    """Rank 0 sends to rank 1 a message of another size (or dtype) than rank
+    1 expects (float64): rank 1 raises, naming the message; rank 0's send
+    completes."""
     f = {
-        0: lambda: mpijax.neighbor_exchange([jnp.ones(sent)], [MPI.PROC_NULL], [1], comm=comm),
+        0: lambda: mpijax.neighbor_exchange([jnp.ones(sent, dtype)], [MPI.PROC_NULL], [1], comm=comm),
         1: lambda: mpijax.neighbor_exchange([jnp.ones(0)], [0], [MPI.PROC_NULL], recvs=[jnp.ones(received)], comm=comm),
     }.get(RANK, lambda: [])
     try:
