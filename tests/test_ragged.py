@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 import mpijax
 
-from reference import MODES, RANK, SIZE, assert_equal, data
+from reference import MODES, RANK, SIZE, assert_equal, count_calls, data
 
 pytestmark = pytest.mark.usefixtures("watchdog")
 
@@ -113,9 +113,10 @@ def test_particle_migration_with_counts_computed_in_jit(comm):
 
 
 @pytest.mark.parametrize("in_axes", [(0, 0), (1, None)], ids=["counts-batched", "counts-shared"])
-def test_vmap_matches_a_loop(comm, in_axes):
-    """One call for the batch, each element with its own counts (or all with
-    the same), against the calls one by one."""
+def test_vmap_matches_a_loop(comm, in_axes, capfd):
+    """One call for the batch (as many MPI calls as one element's), each
+    element with its own counts (or all with the same), against the calls one
+    by one."""
     batch = 3
     xs = np.stack([data((rows_of(RANK), 2), "float32", RANK, seed) for seed in range(batch)])
     counts = np.stack([counts_of(RANK, seed) for seed in range(batch)])
@@ -123,7 +124,12 @@ def test_vmap_matches_a_loop(comm, in_axes):
         counts = counts[0]
     stacked = np.moveaxis(xs, 0, in_axes[0])
     f = lambda x, c: mpijax.ragged_alltoall(x, c, rows=2 * SIZE, comm=comm)  # noqa: E731
-    y, got = jax.jit(jax.vmap(f, in_axes=in_axes))(stacked, counts)
+    vmapped = jax.jit(jax.vmap(f, in_axes=in_axes))
+    one = counts[0] if in_axes[1] is not None else counts
+    calls = count_calls(capfd, lambda: f(xs[0], one))
+    assert calls > 0
+    assert count_calls(capfd, lambda: vmapped(stacked, counts)) == calls
+    y, got = vmapped(stacked, counts)
     for b in range(batch):
         want_y, want_got = f(xs[b], counts[b] if in_axes[1] is not None else counts)
         assert_equal(y[b], want_y)
@@ -154,6 +160,21 @@ def test_counts_that_do_not_fit_raise_on_every_rank(comm, mode):
     with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
         jax.block_until_ready(f(x, counts))
     assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs a rank whose counts the others see")
+def test_under_vmap_the_errors_name_the_batch_element(comm):
+    """Rank 1's second batch element asks to send more rows than it has."""
+    good = np.eye(SIZE, dtype=int)[0]
+    counts = np.stack([good, np.full(SIZE, 3) if RANK == 1 else good])
+    f = jax.vmap(lambda x, c: mpijax.ragged_alltoall(x, c, rows=4 * SIZE, comm=comm))
+    says = (
+        r"counts \[[3, ]+\] \(batch element 1\) do not fit the 2 rows"
+        if RANK == 1
+        else r"the send_counts of rank 1 \(batch element 1\) do not fit its rows"
+    )
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
+        jax.block_until_ready(f(jnp.ones((2, 2, 2)), counts))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -189,11 +210,14 @@ def test_the_rank_whose_counts_do_not_fit_is_the_one_named(comm, bad):
 @pytest.mark.parametrize("counts", [[2**32 + 1], [-(2**32) + 1], [2**40]])
 def test_host_counts_past_int32_are_refused_without_x64(comm, counts):
     """Without x64, NumPy int64 counts (and Python ints) past int32 saturate
-    and are refused, not wrapped by jnp.asarray into 1 row (a tester)."""
+    and are refused, quoting the saturated value, not wrapped by jnp.asarray
+    into 1 row (a tester)."""
+    saturated = int(np.clip(counts[0], -(2**31), 2**31 - 1))
+    says = rf"counts \[{saturated}(, 0)*\] do not fit" if RANK == 0 else "the send_counts of rank 0 do not fit"
     counts = np.array(counts + [0] * (SIZE - 1), np.int64)
     jax.config.update("jax_enable_x64", False)
     try:
-        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="do not fit|send_counts of rank 0"):
+        with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match=says):
             jax.block_until_ready(
                 mpijax.ragged_alltoall(jnp.ones((1, 2)), counts if RANK == 0 else counts * 0, comm=comm)
             )

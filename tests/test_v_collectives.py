@@ -228,6 +228,7 @@ BAD_COUNTS = [
     ([1.5] * SIZE, TypeError, r"counts\[0\] must be an int"),
     (3, TypeError, "counts must be a sequence"),
     ({r: 1 for r in range(SIZE)}, TypeError, "counts must be a sequence"),  # its keys are no counts
+    (set(range(SIZE)), TypeError, "counts must be a sequence"),  # unordered
 ]
 
 
