@@ -527,10 +527,7 @@ ffi::Error Recv(typename Memory::Context ctx, ffi::AnyBuffer x, ffi::AnyBuffer r
         const int code = taken ? *taken
                                : mpi::Recv(out, y->element_count(), TypeOf(x), info.source,
                                            info.recv_tag, c.handle, &st);
-        return code != MPI_SUCCESS
-                   ? code
-                   : FinishReceive(m, st, out, y->size_bytes(), ffi::ByteWidth(y->element_type()),
-                                   parts, env, status);
+        return code != MPI_SUCCESS ? code : FinishReceive(m, st, out, *y, parts, env, status);
       });
 }
 
@@ -586,10 +583,7 @@ ffi::Error Sendrecv(typename Memory::Context ctx, ffi::AnyBuffer send, ffi::AnyB
                          : *taken ? *taken
                                   : mpi::Send(source_data, info.count, TypeOf(send), info.dest,
                                               info.send_tag, c.handle);
-        return code != MPI_SUCCESS
-                   ? code
-                   : FinishReceive(m, st, out, y->size_bytes(), ffi::ByteWidth(y->element_type()),
-                                   parts, env, status);
+        return code != MPI_SUCCESS ? code : FinishReceive(m, st, out, *y, parts, env, status);
       });
 }
 

@@ -163,15 +163,18 @@ void CopyParts(Memory& m, char* to, size_t to_step, const char* from, size_t fro
 // else the message is one part). The envelope (the route of the receive's
 // derivatives, and how Python fills an MPI.Status after an eager call) gets
 // the status and the bytes of each part; the address of a status that a
-// compiled program writes gets the status. Returns an MPI error code:
+// compiled program writes gets the status. `out` is `y`'s memory (m.Out).
+// Returns an MPI error code:
 // kPartElement for a message of another dtype that leaves an element of the
 // buffer half written (MPI carries no types; one that fills whole elements
 // passes unseen, as documented).
 template <class Memory>
-int FinishReceive(Memory& m, const MPI_Status& status, void* out, size_t bytes,
-                  size_t element_bytes, int64_t parts, void* envelope, int64_t status_address) {
+int FinishReceive(Memory& m, const MPI_Status& status, void* out, const xla::ffi::AnyBuffer& y,
+                  int64_t parts, void* envelope, int64_t status_address) {
   const std::optional<size_t> got = ReceivedBytes(status);
+  const size_t element_bytes = xla::ffi::ByteWidth(y.element_type());
   if (got && element_bytes > 1 && *got % element_bytes != 0) return mpi::kPartElement;
+  const size_t bytes = y.size_bytes();
   const auto batch = static_cast<size_t>(std::max<int64_t>(parts, 1));
   const bool whole = got && *got % batch == 0 && bytes % batch == 0;
   const size_t n = whole ? batch : 1;
