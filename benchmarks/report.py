@@ -42,14 +42,31 @@ def _rounds(setup):
             "repetitions each, and the medians are over all of them.")  # fmt: skip
 
 
-def _order_of_runs(setup):
+def _spread(table, setup):
+    """How far a case's repetitions of one round, taken back to back, differ from 1 MiB up."""
+    per_round = setup["reps"] // setup.get("rounds", 1)
+    ratios = sorted(
+        max(group) / min(group)
+        for cases in table.values()
+        for (_, nbytes), record in cases.items()
+        if nbytes >= 2**20
+        for group in (record["times"][i : i + per_round] for i in range(0, len(record["times"]), per_round))
+        if min(group) > 0
+    )
+    if not ratios:
+        return "repetitions of a case seconds apart may differ"
+    return (f"the slowest of a case's back-to-back repetitions took {ratios[len(ratios) // 2]:.2f} times the\n"
+            f"  fastest's at the median from 1 MiB up, and up to {ratios[-1]:.1f} times")  # fmt: skip
+
+
+def _order_of_runs(setup, table):
     """How the implementations' timings of a case were taken, from the run's setup."""
     if "interleaved" not in setup:  # runs before every implementation joined the rotation
         return f"""So the C++ reference, mpijax and mpi4jax run interleaved: each is a
   server under its own `mpirun`, asked for one case at a time in an order that rotates from case
   to case (the idle ones sleep), so the timings of a case are taken within seconds of each
-  other; so is mpijax in check mode, at the summary's sizes. Even so, two runs of a case seconds
-  apart differ by up to a third from 1 MiB up, so {_rounds(setup)}
+  other; so is mpijax in check mode, at the summary's sizes. Even so, {_spread(table, setup)}, so
+  {_rounds(setup)}
   In this run mpi4py and JAX's collectives ran one after the other, after the rotation, with
   all their repetitions in one go; and mpi4py's allgather handed its input on to the next call
   without converting its result to a JAX array, so its allgather times leave out the copy that
@@ -57,8 +74,8 @@ def _order_of_runs(setup):
     return f"""So every implementation runs interleaved: each is a server under its
   own `mpirun`, asked for one case at a time in an order that rotates from case to case (the idle
   ones sleep), so the timings of a case are taken within seconds of each other; mpijax in check
-  mode joins the rotation at the summary's sizes. Even so, two runs of a case seconds apart
-  differ by up to a third from 1 MiB up, so {_rounds(setup)}"""
+  mode joins the rotation at the summary's sizes. Even so, {_spread(table, setup)}, so
+  {_rounds(setup)}"""
 
 
 def _pages(setup):
@@ -91,10 +108,11 @@ each bound to a core, with one XLA thread per rank
 (`XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`). {_pages(setup)}
 
 - Messages of float32, from 8 B to 64 MiB. For each operation and size: {setup["reps"]} repetitions
-  of `clip(256 MiB / size, 40, 10000)` operations between barriers, each run of them after one
-  warm-up repetition. A repetition's time is the slowest rank's; the tables give the median over
-  repetitions (min, max and every repetition are in results.json). Times are microseconds per
-  operation. For the ping-pong, that is one way (half a round trip).
+  of `clip(256 MiB / size, 40, 10000)` calls between barriers (one call of the C++ sendrecv or
+  ping-pong, or of mpi4py's ping-pong, is two operations; the JAX loops count operations), each
+  round of them after one warm-up repetition. A repetition's time is the slowest rank's; the
+  tables give the median over repetitions (min, max and every repetition are in results.json).
+  Times are microseconds per operation. For the ping-pong, that is one way (half a round trip).
 - **raw MPI (C++)**: `benchmarks/raw_mpi.cc`, the same MPI calls from C++, built by CMake: the
   C++ reference that the bindings are compared with. It is not a lower bound: the same MPI calls
   on NumPy arrays, which NumPy puts on transparent huge pages, beat it at some sizes from 1 MiB
@@ -104,16 +122,16 @@ each bound to a core, with one XLA thread per rank
   like every Python binding: a buffer one rank has just written costs the other rank more to
   read than one it only reads, and a reference that skipped that would flatter the C++ side.
 - This machine is a virtual machine with 2 cores, and it has slow phases that last minutes:
-  {_swing(table)}{_order_of_runs(setup)}
+  {_swing(table)}{_order_of_runs(setup, table)}
 - **mpijax**, **mpi4jax** and **JAX shard_map**: the operations run inside one jitted
   `lax.fori_loop`, and the time of the same loop without the operation is subtracted, so Python
   and JAX dispatch are not counted. Same-shape results feed the next iteration (in place where
   the binding can); for allgather and alltoall, one element of the result, at an index XLA cannot
   know in advance, is written back into the input, so that no collective can be hoisted out of
   the loop.
-- **mpi4py + NumPy**: a Python loop that hands NumPy views of JAX arrays to mpi4py and copies the
-  results back into JAX arrays (`jnp.asarray`), which is what a JAX user does without a binding.
-  Its times include that overhead.
+- **mpi4py + NumPy**: a Python loop that hands NumPy views of JAX arrays to mpi4py (writable copies
+  for bcast and `Sendrecv_replace`) and copies the results back into JAX arrays (`jnp.asarray`),
+  which is what a JAX user does without a binding. Its times include that overhead.
 - **JAX shard_map**: `jax.distributed` with the gloo CPU collectives (TCP, bound to 127.0.0.1);
   `psum`, `all_gather`, `all_to_all`, `ppermute`, and for bcast a `psum` of the root's value
   (`lax.pbroadcast` has no CPU lowering in JAX 0.10.2: `pbroadcast_probe.log`). gloo takes about a millisecond per
