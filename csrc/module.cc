@@ -132,6 +132,9 @@ NB_MODULE(_core, m) {
         return RegisterComm(*handle);
       },
       "Id of an mpi4py communicator in the handlers' registry.");
+  m.def("abandoned_by", &AbandonedBy,
+        "The op of the collective that timed out on communicator `id` (which takes no more "
+        "calls), or ''.");
 
   m.def(
       "register_op",

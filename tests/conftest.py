@@ -12,6 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import mpijax
+from mpijax._src.runtime import core
 
 jax.config.update("jax_enable_x64", True)
 # The whole programs of examples/, importable by their tests (test_example_*.py).
@@ -73,14 +74,49 @@ def watchdog():
     mpijax.set_timeout(None)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    if (yield).get_result().failed:
+        item.mpijax_failed = True  # read by the comm fixture's teardown
+
+
+_shared = None  # the comm fixture's communicator, while tests leave it clean
+
+
+def _left_behind(comm, pending_before):
+    """What a finished test left on `comm` for the next one to trip over."""
+    if comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
+        return "a message that no one received"
+    if core.pending_requests() > pending_before:
+        return "a request that no one waited for"
+    if core.abandoned_by(core.register_comm(comm)):
+        return "a collective that timed out"
+    return None
+
+
 @pytest.fixture
-def comm():
-    """A fresh duplicate of COMM_WORLD per test, so a failed test cannot leave
-    unmatched messages for the next one."""
-    c = MPI.COMM_WORLD.Dup()
-    yield c
-    # Off the root, gather and reduce return x at once, so a test may end
-    # with its calls still queued: freeing the communicator under them
-    # would crash, as the README says of every communicator mpijax uses.
-    mpijax.wait()
-    c.Free()
+def comm(request):
+    """A duplicate of COMM_WORLD, shared by consecutive tests: compiled
+    programs name their communicator, so a shared one lets a test reuse what
+    earlier ones compiled (its eager calls most of all). After a test that
+    failed on any rank, or left a message unreceived, a request unwaited for
+    or a collective timed out on it on any rank, every rank replaces it, so
+    no test inherits another's leftovers."""
+    global _shared
+    if _shared is None:
+        _shared = MPI.COMM_WORLD.Dup()
+    c, pending_before, drained = _shared, core.pending_requests(), False
+    try:
+        yield c
+        # Off the root, gather and reduce return x at once, so a test may end
+        # with its calls still queued: freeing the communicator under them
+        # would crash, as the README says of every communicator mpijax uses.
+        mpijax.wait()
+        drained = True
+    finally:
+        MPI.COMM_WORLD.Barrier()  # every rank's sends of the test are made: Iprobe sees them
+        failed = getattr(request.node, "mpijax_failed", False) or not drained
+        dirty = failed or _left_behind(c, pending_before)
+        if MPI.COMM_WORLD.allreduce(bool(dirty), op=MPI.LOR):
+            _shared = None
+            c.Free()

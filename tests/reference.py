@@ -26,6 +26,10 @@ SHAPES = [(), (0,), (5,), (4, 2)]  # scalar, empty, odd, even (2-d)
 BIG = 8 * 2**20  # bytes: far above any eager (rendezvous) limit
 
 MODES = {"eager": lambda f: f, "jit": jax.jit}
+# What a call that fails at run time raises: JaxRuntimeError, or ValueError
+# where JAX meets the error on its C++ dispatch path, as an eager call does
+# once its program has run before (docs/failure-modes.md).
+MPI_FAILURE = (jax.errors.JaxRuntimeError, ValueError)
 
 
 def checkerboard(keep=1, **axes):
