@@ -731,11 +731,21 @@ def test_max_ties_share_the_derivative(comm):
 
 def test_prod_derivative_where_inputs_are_zero(comm):
     """The derivative of a product is the product of the other factors, also
-    where some factor is zero (no division)."""
+    where some factor is zero (no division); for the prefix products of scan
+    and exscan, summed over the prefixes that hold this rank's factor."""
     xs = [np.array([0.0 if r == 0 else 2.0, 0.0 if r < 2 else 3.0, 1.5]) for r in range(SIZE)]
-    g = jax.jit(jax.grad(lambda x: jnp.sum(mpijax.allreduce(x, MPI.PROD, comm=comm))))(xs[RANK])
-    others = np.prod([xs[s] for s in range(SIZE) if s != RANK] or [np.ones(3)], axis=0)
-    assert_close(g, others, rtol=1e-12)
+
+    def others(ranks):  # the product of the factors of `ranks` but this rank's
+        return np.prod([xs[s] for s in ranks if s != RANK] or [np.ones(3)], axis=0)
+
+    wants = {
+        mpijax.allreduce: others(range(SIZE)),
+        mpijax.scan: sum(others(range(q + 1)) for q in range(RANK, SIZE)),
+        mpijax.exscan: sum((others(range(q)) for q in range(RANK + 1, SIZE)), np.zeros(3)),
+    }
+    for op, want in wants.items():
+        g = jax.jit(jax.grad(lambda x: jnp.sum(op(x, MPI.PROD, comm=comm))))(xs[RANK])  # noqa: B023
+        assert_close(g, want, rtol=1e-12)
 
 
 def test_scan_max_ties_share_the_derivative(comm):
@@ -818,8 +828,8 @@ def _custom_total(comm):
 def test_jacfwd_and_hessian_of_a_custom_jvp_with_mpi_calls(comm, mode):
     """jacfwd batches the tangents, not the primal: the rule's primal call
     stays unbatched (it was batched with the tangents, and jacfwd refused
-    it, found by testers), also inside a jit or cond and under a second
-    jacfwd. Forward mode sums every rank's tangent, and a replicated result
+    it, found by testers), also inside a jit, cond, loop or checkpoint and
+    under a second jacfwd. Forward mode sums every rank's tangent, and a replicated result
     counts once in reverse mode (docs/autodiff.md)."""
     total = _custom_total(comm)
     xs = [np.linspace(0.1, 1.3, N) + r for r in range(SIZE)]
@@ -828,11 +838,13 @@ def test_jacfwd_and_hessian_of_a_custom_jvp_with_mpi_calls(comm, mode):
     assert_close(MODES[mode](jax.jacfwd(total))(x), np.diag(c), rtol=1e-12)
     hessian = MODES[mode](jax.hessian(lambda x: jnp.sum(total(x) ** 2)))(x)
     assert_close(hessian, np.diag(2 * c * np.cos(xs[RANK]) - 2 * s * np.sin(xs[RANK])), rtol=1e-12)
-    # Inside an inner jit or a cond the rule runs staged and is batched later,
-    # and under jacfwd of jacfwd the inner rule runs under the outer vmap: the
-    # primal calls bind the primal twin there (raised as above before).
+    # Inside an inner jit, a cond, a loop or a checkpoint the rule runs staged
+    # and is batched later, and under jacfwd of jacfwd the inner rule runs
+    # under the outer vmap: the primal calls bind the primal twin there
+    # (raised as above before).
     in_cond = lambda x: lax.cond(x[0] > -100, total, lambda x: -total(x), x)  # noqa: E731
-    for f in (jax.jit(total), in_cond):
+    in_loop = lambda x: lax.fori_loop(0, 1, lambda i, y: total(y), x)  # noqa: E731
+    for f in (jax.jit(total), in_cond, in_loop, jax.checkpoint(total)):
         assert_close(MODES[mode](jax.jacfwd(f))(x), np.diag(c), rtol=1e-12)
     third = np.zeros((N, N, N))
     third[np.arange(N), np.arange(N), np.arange(N)] = -s
@@ -1189,18 +1201,18 @@ def test_nonsymmetric_solvers_with_a_matvec_that_receives(comm, solver):
 DATA = [np.random.default_rng([11, r]).normal(size=N) for r in range(SIZE)]
 
 
-def _variance(x, comm):
-    mean = mpijax.varying(mpijax.allreduce(jnp.sum(x), MPI.SUM, comm=comm) / (N * SIZE), comm=comm)
+def _variance(x, comm, mark=mpijax.varying):
+    mean = mark(mpijax.allreduce(jnp.sum(x), MPI.SUM, comm=comm) / (N * SIZE), comm=comm)
     return mpijax.allreduce(jnp.sum((x - mean) ** 2), MPI.SUM, comm=comm)
 
 
-def _root_parameters_fit_every_rank(x, comm):
-    p = mpijax.varying(mpijax.bcast(x, 0, comm=comm), comm=comm)
+def _root_parameters_fit_every_rank(x, comm, mark=mpijax.varying):
+    p = mark(mpijax.bcast(x, 0, comm=comm), comm=comm)
     return mpijax.allreduce(jnp.sum((p * DATA[RANK] - 1.0) ** 2), MPI.SUM, comm=comm)
 
 
-def _next_ranks_row(x, comm):
-    rows = mpijax.varying(mpijax.allgather(x, comm=comm), comm=comm)
+def _next_ranks_row(x, comm, mark=mpijax.varying):
+    rows = mark(mpijax.allgather(x, comm=comm), comm=comm)
     return mpijax.allreduce(jnp.sum(jnp.sin(rows[NEXT]) * DATA[RANK]), MPI.SUM, comm=comm)
 
 
@@ -1229,6 +1241,10 @@ def test_varying_sums_the_cotangents_of_a_replicated_value(comm, name, mode):
     fd = [(reference(moved(RANK, j, H)) - reference(moved(RANK, j, -H))) / (2 * H) for j in range(N)]
     loss = functools.partial(f, comm=comm)
     assert_close(MODES[mode](jax.grad(loss))(jnp.asarray(xs[RANK])), fd, rtol=1e-6, atol=1e-7)
+    if SIZE > 1:  # unmarked, the gradient is wrong on some rank, and nothing says so
+        unmarked = functools.partial(f, comm=comm, mark=lambda value, comm: value)
+        wrong = not np.allclose(MODES[mode](jax.grad(unmarked))(jnp.asarray(xs[RANK])), fd, rtol=1e-6, atol=1e-7)
+        assert comm.allreduce(wrong, op=MPI.LOR)
     # Forward mode needs no mark, and the mark changes nothing there.
     vs = [np.random.default_rng([6, r]).normal(size=N) for r in range(SIZE)]
     _, tangent = MODES[mode](lambda x, v: jax.jvp(loss, (x,), (v,)))(jnp.asarray(xs[RANK]), jnp.asarray(vs[RANK]))

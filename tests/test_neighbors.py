@@ -24,6 +24,7 @@ from reference import (
     SIZE,
     assert_equal,
     checkerboard,
+    count_calls,
     data,
     hlo_copies,
     np_dtype,
@@ -391,17 +392,20 @@ def test_halo_exchange_in_a_time_loop_copies_no_field():
 
 
 @pytest.mark.parametrize("axis", [0, -1])
-def test_halo_exchange_under_vmap(axis):
+def test_halo_exchange_under_vmap(capfd, axis):
     """A batch of blocks, batched at either end, beside an unbatched field:
-    each member as if exchanged alone."""
+    each member as if exchanged alone, the batch in as many MPI calls as one
+    exchange of the two fields."""
     c, before, want = grid_case((True, False), True, 1, split="columns")
     batch = np.stack([before + 100 * b for b in range(3)], axis)
     wants = np.stack([want + 100 * b for b in range(3)], axis)
-    got, other = jax.jit(jax.vmap(lambda a, b: mpijax.halo_exchange((a, b), c), in_axes=(axis, None), out_axes=axis))(
-        batch, before
-    )
+    exchange = lambda a, b: mpijax.halo_exchange((a, b), c)  # noqa: E731
+    batched = jax.jit(jax.vmap(exchange, in_axes=(axis, None), out_axes=axis))
+    got, other = batched(batch, before)
     assert_equal(got, wants)
     assert_equal(other, np.stack([want] * 3, axis))
+    alone = jax.jit(exchange)
+    assert count_calls(capfd, lambda: batched(batch, before)) == count_calls(capfd, lambda: alone(before, before)) > 0
     c.Free()
 
 

@@ -389,6 +389,18 @@ def test_vmap_of_a_loop_whose_elements_stop_apart_refuses_a_carried_request(comm
         jax.block_until_ready(batched(jnp.array([[1.0], [20.0]])))
 
 
+def test_vmap_of_a_cond_on_a_batched_predicate_refuses_the_request_it_starts(comm):
+    """Each element keeps the request of its own branch: the wait raises as
+    for a loop whose elements stop apart (docs/halo.md)."""
+
+    def f(p, x):
+        start = lambda x: mpijax.ineighbor_exchange([x], [PREV], [NEXT], comm=comm)  # noqa: E731
+        return mpijax.wait(lax.cond(p, start, lambda x: start(2 * x), x))[0]
+
+    with pytest.raises(MPI_FAILURE, match="the batch's elements hold different requests"):
+        jax.block_until_ready(jax.jit(jax.vmap(f))(jnp.array([True, False]), jnp.ones((2, 3))))
+
+
 def test_a_request_never_waited_for_is_an_error_at_trace_time(comm):
     def f(x):
         mpijax.isend(x, RANK, comm=comm)
