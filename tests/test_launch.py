@@ -653,3 +653,14 @@ def test_fault_ends_the_job_with_a_message(tmp_path, fault):
     assert result.returncode != 0
     assert time.monotonic() - started < 60
     assert re.search(says, result.stdout + result.stderr), result.stderr
+
+
+def test_an_uncaught_exception_aborts_no_job_where_told_not_to(tmp_path):
+    """MPIJAX_ABORT_ON_EXCEPTION=0: the rank's exception is reported as
+    Python reports it, and mpijax aborts nothing (the launcher still ends
+    the job, as the rank ended without MPI_Finalize)."""
+    program = textwrap.dedent(FAULT_PREAMBLE) + "if rank == 1: raise RuntimeError('boom')\n"
+    result = mpirun(tmp_path, program, env={"MPIJAX_ABORT_ON_EXCEPTION": "0"}, timeout=90)
+    assert result.returncode != 0
+    assert "RuntimeError: boom" in result.stderr, result.stderr
+    assert "aborting the job" not in result.stdout + result.stderr

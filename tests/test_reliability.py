@@ -252,21 +252,27 @@ def test_check_mode_lets_the_matching_half_of_a_sendrecv_complete(comm, check):
         assert_equal(f(send, receive), np.full(4, PREV, np.float32))
 
 
-def test_check_mode_receive_of_an_mpi4py_send_waits_for_a_handshake(comm, check, timeout):
-    """mpi4py's send makes no handshake, so a checked receive of it waits:
-    the watchdog ends the wait, and the message is still there. (At one
-    rank the message is to oneself, which check mode does not check.)"""
+@pytest.mark.parametrize("sender", ["mpi4py", "mpijax.isend"])
+def test_check_mode_receive_of_a_send_without_handshake_waits(comm, check, timeout, sender):
+    """mpi4py's send and mpijax's isend make no handshake, so a checked
+    receive of them waits: the watchdog ends the wait, and the message is
+    still there. (At one rank the message is to oneself, which check mode
+    does not check.)"""
     message = np.arange(2.0)
-    request = comm.Isend(message, NEXT, tag=9)
+    if sender == "mpi4py":
+        done = comm.Isend(message, NEXT, tag=9).Wait
+    else:
+        request = mpijax.isend(jnp.asarray(message), NEXT, tag=9, comm=comm)
+        done = lambda: mpijax.wait(request)  # noqa: E731
     if SIZE == 1:
         assert_equal(mpijax.recv(jnp.zeros(2), PREV, tag=9, comm=comm), message)
-        request.Wait()
+        done()
         return
     with pytest.raises(MPI_FAILURE, match=rf"mpijax\.recv on rank {RANK} of {SIZE} timed out"):
         jax.block_until_ready(mpijax.recv(jnp.zeros(2), PREV, tag=9, comm=comm))
     received = np.zeros(2)
     comm.Recv(received, PREV, tag=9)
-    request.Wait()
+    done()
     assert_equal(received, message)
 
 
