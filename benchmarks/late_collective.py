@@ -1,15 +1,15 @@
 """What a collective that timed out does to the rank it was abandoned on, when
-the late rank joins it after all (docs/failure-modes.md): a known fault of the
-watchdog, kept as a probe until collectives under it stop handing MPI XLA's
-buffers.
+the late rank joins it after all (docs/failure-modes.md). Under Open MPI the
+abandoned request completes later, into what mpijax gave MPI: XLA's output
+buffer, freed since, until collectives under the watchdog got copies of
+mpijax's own (the log has runs before and after).
 
     MPIJAX_ABORT_ON_EXCEPTION=0 mpirun -n 2 python benchmarks/late_collective.py
 
 Rank 0 calls a jitted 4 MiB allreduce under a 1 s watchdog and times out;
 rank 1 joins the same allreduce 3 s later, so rank 0's abandoned request
-completes inside MPI, into the output buffer that XLA freed when the call
-failed. Both ranks then compute with fresh arrays, check them and leave. The
-launcher reports how each rank ended."""
+completes inside MPI. Both ranks then compute with fresh arrays, check them
+and leave. The launcher reports how each rank ended."""
 
 import time
 

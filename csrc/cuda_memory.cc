@@ -53,6 +53,13 @@ class Arena {
     return cudaSuccess;
   }
 
+  // The call holding the blocks timed out, and MPI may still write into
+  // them: they are never handed out or freed again.
+  void Abandon() {
+    blocks_.clear();
+    used_ = 0;
+  }
+
   // The copies back of the call now ending are queued on `stream`.
   cudaError_t Returning(cudaStream_t stream) {
     if (!returned_) {
@@ -93,8 +100,8 @@ Arena& TheArena() {
 bool CudaAware() { return cuda_aware.load(std::memory_order_relaxed); }
 void SetCudaAware(bool enabled) { cuda_aware.store(enabled, std::memory_order_relaxed); }
 
-CudaMemory::CudaMemory(cudaStream_t stream, bool host_access)
-    : stream_(stream), staged_(host_access || !CudaAware()) {
+CudaMemory::CudaMemory(cudaStream_t stream, bool host_access, bool abandonable)
+    : stream_(stream), staged_(host_access || abandonable || !CudaAware()) {
   // Kernels queued before this call may still be producing its inputs or
   // using the memory of its outputs. Staged, the copies queued on the stream
   // wait for them (and an input's copy is waited for before MPI reads it);
@@ -119,8 +126,9 @@ bool CudaMemory::Check(cudaError_t status, const char* what) {
 
 CudaMemory::View& CudaMemory::ViewOf(const xla::ffi::AnyBuffer& b) {
   void* device = b.untyped_data();
-  auto found =
-      std::find_if(views_.begin(), views_.end(), [&](const View& v) { return v.device == device; });
+  auto found = std::find_if(views_.begin(), views_.end(), [&](const View& v) {
+    return v.device == device && v.bytes == b.size_bytes();
+  });
   if (found != views_.end()) return *found;
   View view{device, device, b.size_bytes(), false, !staged_};
   if (staged_ && view.bytes > 0) {
@@ -185,6 +193,13 @@ void CudaMemory::Finish() {
     }
   }
   if (any) Check(TheArena().Returning(stream_), "recording the copies to the device");
+}
+
+void CudaMemory::Abandon() {
+  if (!staged_) return;
+  TheArena().Abandon();
+  static auto* kept = new std::vector<std::vector<char>>();  // under the arena's lock
+  for (auto& s : scratch_) kept->push_back(std::move(s));
 }
 
 int CudaDeviceCount() {

@@ -14,7 +14,10 @@
 // CUDA-aware (MPIJAX_CUDA_AWARE=1): the policy synchronises the stream first,
 // then views are the device buffers themselves and MPI moves device memory. A
 // call that needs host access to its data (accumulating transposes, messages
-// to oneself) is staged all the same.
+// to oneself) is staged all the same, and so is a collective under the
+// watchdog: its nonblocking form, whose device buffers Open MPI's CUDA
+// support does not take (it covers blocking collectives only, and libnbc
+// reduces on the host), may be abandoned, and then keeps its pinned memory.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -34,7 +37,7 @@ void SetCudaAware(bool enabled);
 class CudaMemory {
  public:
   using Context = cudaStream_t;  // XLA's stream for the call
-  CudaMemory(Context stream, bool host_access);
+  CudaMemory(Context stream, bool host_access, bool abandonable = false);
   ~CudaMemory();
   CudaMemory(const CudaMemory&) = delete;
   CudaMemory& operator=(const CudaMemory&) = delete;
@@ -44,6 +47,7 @@ class CudaMemory {
   void Copy(void* to, const void* from, size_t bytes);
   void Zero(void* to, size_t bytes);
   void Finish();
+  void Abandon();
   std::string error() const { return error_; }
 
  private:

@@ -64,10 +64,9 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
         "mpijax." + std::string(info.op) + ": " + std::to_string(info.num_counts) +
         " counts for a communicator of " + std::to_string(comm.size) + " ranks");
   }
-  // With the watchdog on, collectives run in their nonblocking forms, whose
-  // device buffers Open MPI's CUDA support does not take (it covers blocking
-  // collectives only, and libnbc reduces on the host): staged then.
-  Memory memory(context, host_access(comm) || (Collective(info) && mpi::Timeout() > 0));
+  // With the watchdog on, collectives run in their nonblocking forms, which
+  // may be abandoned (memory.h).
+  Memory memory(context, host_access(comm), Collective(info) && mpi::Timeout() > 0);
   route(memory);
   InFlight in_flight;
   const auto start = std::chrono::steady_clock::now();
@@ -87,7 +86,10 @@ xla::ffi::Error Run(typename Memory::Context context, CallInfo& info, int64_t co
             : mismatch.empty() ? nullptr
                                : "REFUSED by check mode");
   }
-  if (code == mpi::kTimedOut && Collective(info)) AbandonComm(comm_id, info.op);
+  if (code == mpi::kTimedOut && Collective(info)) {
+    memory.Abandon();
+    AbandonComm(comm_id, info.op);
+  }
   if (code != MPI_SUCCESS) return Failure(info, comm, code);
   if (const std::string error = memory.error(); !error.empty()) {
     return xla::ffi::Error::Internal("mpijax." + std::string(info.op) + " on " + RankOf(comm) +

@@ -664,3 +664,28 @@ def test_an_uncaught_exception_aborts_no_job_where_told_not_to(tmp_path):
     assert result.returncode != 0
     assert "RuntimeError: boom" in result.stderr, result.stderr
     assert "aborting the job" not in result.stdout + result.stderr
+
+
+def test_a_collective_abandoned_by_the_watchdog_completes_into_memory_of_its_own(tmp_path):
+    """Rank 0's allreduce times out; rank 1 joins it two seconds later, and
+    Open MPI completes it on rank 0 inside a later MPI call. It wrote into
+    the output buffer that XLA had freed, and rank 0 crashed at exit with its
+    heap corrupted (benchmarks/late_collective.py); now into mpijax's own
+    copy, left to MPI. MPICH lets rank 1 time out as well."""
+    body = """
+        mpijax.set_timeout(1)
+        x = jnp.ones(1 << 20, jnp.float32) * (rank + 1)
+        if rank == 1:
+            time.sleep(2)
+        try:
+            print(f"rank {rank} got {float(jax.jit(lambda x: mpijax.allreduce(x, MPI.SUM))(x)[0])}", flush=True)
+        except jax.errors.JaxRuntimeError as e:
+            assert "timed out" in str(e), e
+            print(f"rank {rank} timed out", flush=True)
+        arrays = [jnp.full(1 << 20, float(i), jnp.float32) + 0 for i in range(20)]
+        assert all(bool((a == i).all()) for i, a in enumerate(arrays))
+        """
+    result = mpirun(tmp_path, textwrap.dedent(FAULT_PREAMBLE) + textwrap.dedent(body), timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert "rank 0 timed out" in result.stdout, result.stdout
+    assert re.search(r"rank 1 (got 3\.0|timed out)", result.stdout), result.stdout
