@@ -89,6 +89,40 @@ TEST_F(CudaMemoryTest, InputsCopiedInOnceOutputsCopiedBack) {
   EXPECT_EQ(x.data(), (std::vector<float>{0, 1, 2, 3}));
 }
 
+// A collective that timed out leaves its pinned memory to MPI, which may
+// still complete into it: later calls get other memory, where without
+// Abandon they reuse the same.
+TEST_F(CudaMemoryTest, AnAbandonedCallsPinnedMemoryIsNeverHandedOutAgain) {
+  DeviceBuffer x(4);
+  auto xb = x.buffer();
+  const auto view = [&](bool abandon) {
+    CudaMemory m(Stream(), false, /*abandonable=*/true);
+    void* out = m.Out(xb);
+    if (abandon) m.Abandon();
+    return out;
+  };
+  void* first = view(false);
+  EXPECT_EQ(view(false), first) << "the arena is reused";
+  EXPECT_EQ(view(true), first);
+  EXPECT_NE(view(false), first) << "abandoned memory was handed out again";
+}
+
+// XLA may place an empty buffer at another's address: each is a view of its
+// own, and the full one is staged (it was taken for the empty one, whose
+// view is the device address itself, and MPI was shown device memory).
+TEST_F(CudaMemoryTest, AnEmptyBufferAtAnothersAddressIsAViewOfItsOwn) {
+  DeviceBuffer x(4);
+  int64_t none = 0;
+  XLA_FFI_Buffer raw = {
+      XLA_FFI_Buffer_STRUCT_SIZE, nullptr, XLA_FFI_DataType_F32, x.data().data(), 1, &none};
+  auto empty = xla::ffi::AnyBuffer(&raw), xb = x.buffer();
+  CudaMemory m(Stream(), false);
+  m.Out(empty);
+  const void* in = m.In(xb);
+  ASSERT_NE(in, x.data().data()) << "staged: MPI must see host memory";
+  EXPECT_EQ(std::vector<float>(Floats(in), Floats(in) + 4), (std::vector<float>{0, 1, 2, 3}));
+}
+
 // The copies queued on XLA's stream follow its kernels: a staged call waits
 // for the stream only for an input's copy, before MPI reads it.
 TEST_F(CudaMemoryTest, StagedCallsWaitForTheStreamOncePerInput) {
