@@ -660,6 +660,35 @@ def test_vmap_of_grad_and_grad_of_vmap(comm, case):
     assert_close(jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs))))(stacked), np.stack(per_element), rtol=1e-12)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_per_example_derivatives_through_exchanges_into_constant_buffers(comm, mode):
+    """neighbor_exchange and ineighbor_exchange carry both ends of their
+    messages in one call, so their results follow the batched sends whatever
+    the receive buffers are (docs/autodiff.md, rule 2): vmap of grad and grad
+    of vmap with recvs=jnp.zeros. Against NumPy: each rank sends x to NEXT
+    and 3x to PREV; the loss sums w_r * (a_r**2 + b_r**2) over the ranks, so
+    its gradient at rank r is 2 * (w_NEXT + 9 * w_PREV) * x."""
+    w = lambda r: np.arange(1.0, N + 1) + 10 * r  # noqa: E731
+    zeros = [jnp.zeros(N), jnp.zeros(N)]
+
+    def blocking(x):
+        return mpijax.neighbor_exchange([x, 3 * x], [PREV, NEXT], [NEXT, PREV], recvs=zeros, comm=comm)
+
+    def started(x):
+        return mpijax.wait(mpijax.ineighbor_exchange([x, 3 * x], [PREV, NEXT], [NEXT, PREV], recvs=zeros, comm=comm))
+
+    xs = np.stack([np.arange(1.0, N + 1) * (b + 1) + RANK for b in range(3)])
+    expected = 2 * (w(NEXT) + 9 * w(PREV)) * xs
+    for exchange in (blocking, started):
+
+        def loss(x, exchange=exchange):
+            a, b = exchange(x)
+            return jnp.sum(w(RANK) * (a**2 + b**2))
+
+        assert_close(MODES[mode](jax.vmap(jax.grad(loss)))(xs), expected, rtol=1e-12)
+        assert_close(MODES[mode](jax.grad(lambda xs: jnp.sum(jax.vmap(loss)(xs))))(xs), expected, rtol=1e-12)
+
+
 @pytest.mark.skipif(SIZE < 2, reason="needs a sender")
 def test_a_constant_receive_buffer_under_vmap_of_a_derivative_names_the_fix(comm):
     """Per-example derivatives through a receive into jnp.zeros of a batched
@@ -978,8 +1007,8 @@ def test_grad_through_scan_receiving_into_a_constant(comm):
 
 
 def test_derivatives_through_scan_and_fori_loop(comm):
-    """grad, jacfwd and hessian of three steps in lax.scan and in fori_loop
-    against the same steps unrolled. jacfwd is vmap of jvp, which computes
+    """grad, jacfwd, jacrev and hessian of three steps in lax.scan and in
+    fori_loop against the same steps unrolled. jacfwd is vmap of jvp, which computes
     the primal unbatched: its MPI calls must stay so where a loop's body
     stages them and vmap batches the body afterwards (they were batched, and
     jacfwd refused the batched primal result)."""
@@ -988,21 +1017,25 @@ def test_derivatives_through_scan_and_fori_loop(comm):
         return jnp.sin(mpijax.sendrecv(x, x, PREV, NEXT, comm=comm)) * mpijax.allreduce(x, MPI.SUM, comm=comm)
 
     def with_scan(x):
-        return jnp.sum(lax.scan(lambda c, _: (body(c), None), x, None, length=3)[0])
+        return lax.scan(lambda c, _: (body(c), None), x, None, length=3)[0]
 
     def with_fori(x):
-        return jnp.sum(lax.fori_loop(0, 3, lambda i, c: body(c), x))
+        return lax.fori_loop(0, 3, lambda i, c: body(c), x)
 
     def unrolled(x):
-        return jnp.sum(body(body(body(x))))
+        return body(body(body(x)))
+
+    def summed(f):
+        return lambda x: jnp.sum(f(x))
 
     x = jnp.arange(3.0) * 0.1 + RANK * 0.01 + 0.2
-    for derivative in (jax.grad, jax.jacfwd, jax.hessian):
-        want = jax.jit(derivative(unrolled))(x)
-        assert_close(jax.jit(derivative(with_scan))(x), want, rtol=1e-12)
-        # fori_loop with static bounds lowers to scan, which reverse mode needs.
-        assert_close(jax.jit(derivative(with_fori))(x), want, rtol=1e-12)
-    assert_close(jax.grad(with_scan)(x), jax.jit(jax.grad(unrolled))(x), rtol=1e-12)
+    # jacrev vmaps the transposed loop over each row of the Jacobian.
+    for derivative in (jax.grad, jax.jacfwd, jax.jacrev, jax.hessian):
+        vector_valued = derivative in (jax.jacfwd, jax.jacrev)
+        want = jax.jit(derivative(unrolled if vector_valued else summed(unrolled)))(x)
+        for looped in (with_scan, with_fori):  # fori_loop with static bounds lowers to scan
+            assert_close(jax.jit(derivative(looped if vector_valued else summed(looped)))(x), want, rtol=1e-12)
+    assert_close(jax.grad(summed(with_scan))(x), jax.jit(jax.grad(summed(unrolled)))(x), rtol=1e-12)
     assert_close(jax.jacfwd(with_fori)(x), jax.jit(jax.jacfwd(unrolled))(x), rtol=1e-12)
 
 

@@ -392,6 +392,32 @@ def test_import_check_names_both_mpi_libraries(tmp_path):
     runtime.check_same_mpi(runtime.MPI.__file__, runtime.MPI.Get_library_version())  # the real pair agrees
 
 
+def test_import_check_of_an_extension_compiled_against_another_mpi4py(monkeypatch):
+    """mpi4py's objects of another layout than the extension was compiled
+    for, on the same MPI library (another mpi4py version): the ImportError
+    says to rebuild mpijax against the mpi4py installed. No second mpi4py
+    build is at hand, so the extension's own report of the failed
+    import_mpi4py() is stood in for; the libraries are the real ones."""
+    import types
+
+    from mpijax._src import runtime
+
+    library, headers = runtime.core.mpi_library()
+    core = types.SimpleNamespace(
+        mpi_library=runtime.core.mpi_library,
+        mpi_library_of=runtime.core.mpi_library_of,
+        mpi4py_error="mpi4py.MPI.Comm size changed, may indicate binary incompatibility",
+        built_for=(library, headers),
+    )
+    monkeypatch.setattr(runtime, "core", core)
+    with pytest.raises(ImportError, match=r"compiled against another build of mpi4py \(mpi4py\.MPI\.Comm size changed"):
+        runtime.check_same_mpi(runtime.MPI.__file__, runtime.MPI.Get_library_version())
+    core.built_for = ("/elsewhere/libmpi.so", "Other MPI 1.0")  # compiled for another library: named
+    named = r"mpijax's extension was compiled for /elsewhere/libmpi\.so \(Other MPI 1\.0\)"
+    with pytest.raises(ImportError, match=named):
+        runtime.check_same_mpi(runtime.MPI.__file__, runtime.MPI.Get_library_version())
+
+
 @pytest.mark.skipif(
     not os.environ.get("MPIJAX_OTHER_MPI4PY"),
     reason="needs MPIJAX_OTHER_MPI4PY: site-packages holding an mpi4py built on another MPI (scripts/test.sh sets it)",
