@@ -79,7 +79,13 @@ def test_op_not_defined_for_dtype(comm, mode, dtype, op, name):
 
 @pytest.mark.parametrize("bad", ["sum", 0, None, MPI.MAXLOC, MPI.REPLACE])
 def test_op_must_be_a_predefined_reduction(comm, bad):
-    with pytest.raises(ValueError, match="op must be one of MPI.SUM"):
+    """Not an MPI.Op is a TypeError, as in mpi4jax; an MPI.Op that is not a
+    reduction a ValueError."""
+    if isinstance(bad, MPI.Op):
+        error, match = ValueError, r"op must be one of MPI\.SUM, .*; got <mpi4py\.MPI\.Op object .*>, which is not a"
+    else:
+        error, match = TypeError, rf"op must be an MPI\.Op, one of MPI\.SUM, .*; got {type(bad).__name__} {bad!r}$"
+    with pytest.raises(error, match=match):
         mpijax.allreduce(x3, bad, comm=comm)
 
 

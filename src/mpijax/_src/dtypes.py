@@ -60,20 +60,19 @@ def check_dtype(dtype, op, arg="x"):
 def reduction_code(reduction, dtype, op):
     """The C++ code of `reduction` (an mpi4py MPI.Op) for arrays of `dtype`:
     a predefined op where MPI defines it for the dtype, or a user-defined op."""
-    name = None
-    if isinstance(reduction, MPI.Op):
-        if not reduction.is_predefined:
-            # Made by MPI.Op.Create: MPI applies it to any type. The compiled
-            # program carries its registry id, never the handle.
-            code = core.register_op(reduction)
-            _USER_OPS[code] = f"user-defined #{code - len(REDUCTIONS)} ({reduction!r}, made by MPI.Op.Create)"
-            return code
-        name = next((n for n in REDUCTIONS if reduction == getattr(MPI, n)), None)
+    choices = ", ".join(f"MPI.{n}" for n in REDUCTIONS) + " or a user-defined MPI.Op (MPI.Op.Create)"
+    if not isinstance(reduction, MPI.Op):
+        got = f"{type(reduction).__name__} {reduction!r}"
+        raise TypeError(f"mpijax.{op}: op must be an MPI.Op, one of {choices}; got {got}")
+    if not reduction.is_predefined:
+        # Made by MPI.Op.Create: MPI applies it to any type. The compiled
+        # program carries its registry id, never the handle.
+        code = core.register_op(reduction)
+        _USER_OPS[code] = f"user-defined #{code - len(REDUCTIONS)} ({reduction!r}, made by MPI.Op.Create)"
+        return code
+    name = next((n for n in REDUCTIONS if reduction == getattr(MPI, n)), None)
     if name is None:
-        choices = ", ".join(f"MPI.{n}" for n in REDUCTIONS)
-        raise ValueError(
-            f"mpijax.{op}: op must be one of {choices} or a user-defined MPI.Op (MPI.Op.Create); got {reduction!r}"
-        )
+        raise ValueError(f"mpijax.{op}: op must be one of {choices}; got {reduction!r}, which is not a reduction")
     defined = _defined_reductions(np.dtype(dtype))
     if name not in defined:
         raise TypeError(
