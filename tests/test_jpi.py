@@ -7,8 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from mpi4py import MPI
 
+import mpijax
 from mpijax import jpi
 
 from reference import MODES, RANK, SIZE, all_data, assert_equal
@@ -114,3 +116,18 @@ def test_gradient_through_scatter_and_allreduce(comm):
     grad = jax.grad(jax.jit(f))(jnp.ones(2 * SIZE))
     want = np.repeat(np.arange(1.0, SIZE + 1), 2) if RANK == 0 else np.zeros(2 * SIZE)
     assert_equal(grad, want)
+
+
+def test_gradient_with_the_token_carried_through_scan(comm):
+    """JPI's token as a scan carry: grad of sum(w_r * allreduce(x)) is w_r,
+    as without the token (allreduce's result is replicated: docs/autodiff.md),
+    and with the result marked varying, the sum of every rank's w."""
+    w = lambda r: np.arange(1.0, 4.0) + 10 * r  # noqa: E731
+
+    def f(x, mark=lambda y: y):
+        step = lambda c, _: (jpi.allreduce(*c, MPI.SUM, comm), None)  # noqa: E731
+        (y, _), _ = lax.scan(step, (x, jpi.gen_token()), None, length=1)
+        return jnp.sum(w(RANK) * mark(y))
+
+    assert_equal(jax.jit(jax.grad(f))(jnp.ones(3)), w(RANK))
+    assert_equal(jax.jit(jax.grad(lambda x: f(x, mpijax.varying)))(jnp.ones(3)), sum(w(r) for r in range(SIZE)))

@@ -285,6 +285,10 @@ current_token_p = _token_primitive(
     lambda ctx: [_chained(ctx, mlir.ir_constant(np.float32(0)))],
 )
 batching.primitive_batchers[join_p] = lambda args, dims: (join_p.bind(*args), [])
+# A token carried through a loop, cond or checkpoint whose body makes MPI
+# calls gets a tangent like every floating-point operand there: the chain
+# takes the primal token and has no outputs to differentiate.
+ad.primitive_jvps[join_p] = lambda primals, tangents: (join_p.bind(*primals), [])
 
 
 def local_primitive(name, impl, *, transpose, batch):
