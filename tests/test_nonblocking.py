@@ -300,6 +300,24 @@ def test_vmap_and_jacfwd_of_a_pipeline_whose_first_request_starts_outside(comm):
         np.testing.assert_allclose(jac[j], fd, rtol=1e-6)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_rank_without_neighbours_waits_for_no_requests(comm, mode):
+    """A chain whose ranks post requests only to the neighbours they have: at
+    1 rank the lists are empty, and started and wait take them (started([],
+    x) raised an IndexError; found by a tester)."""
+    neighbours = [r for r in (RANK - 1, RANK + 1) if 0 <= r < SIZE]
+
+    def f(x):
+        requests = [mpijax.irecv(jnp.zeros_like(x), r, comm=comm) for r in neighbours]
+        requests += [mpijax.isend(x, r, comm=comm) for r in neighbours]
+        y = 2 * mpijax.started(requests, x)
+        received = mpijax.wait(requests)[: len(neighbours)]
+        return sum(received, y)
+
+    x = jnp.arange(3.0) + 10 * RANK
+    assert_equal(MODES[mode](f)(x), 2 * (np.arange(3.0) + 10 * RANK) + sum(np.arange(3.0) + 10 * r for r in neighbours))
+
+
 def test_errors(comm):
     with pytest.raises(ValueError, match="source=MPI.ANY_SOURCE is not accepted"):
         mpijax.irecv(jnp.zeros(2), MPI.ANY_SOURCE, comm=comm)
