@@ -707,8 +707,10 @@ def _with_tangent(trace, x, tracer_type, tangent_trace, zeros):
     if isinstance(x, tracer_type) and x._trace.tag is trace.tag:
         return x
     aval = _core.typeof(x)
-    if not jnp.issubdtype(aval.dtype, jnp.inexact):
-        return x  # integer and bool values have no tangents on any rank
+    # Integer and bool values have no tangents on any rank, nor has a JAX
+    # token (passed into an inner jit, found by a tester).
+    if not isinstance(aval, _core.ShapedArray) or not jnp.issubdtype(aval.dtype, jnp.inexact):
+        return x
     with _core.set_current_trace(tangent_trace):
         tangent = zeros(aval)
     return tracer_type(trace, x, tangent)
