@@ -84,6 +84,15 @@ def test_scatter_refuses_a_leading_axis_not_divisible_by_nproc(comm, shape):
         jpi.scatter(jnp.zeros(shape), jpi.gen_token(), 0, comm)
 
 
+@pytest.mark.parametrize("name", ["gather", "scatter"])
+def test_a_traced_root_is_refused_by_name(comm, name):
+    """jpi.scatter compared the traced root with the rank before any check
+    (TracerBoolConversionError; found by a tester)."""
+    call = lambda root: getattr(jpi, name)(jnp.ones((SIZE, 2)), jpi.gen_token(), root, comm)  # noqa: E731
+    with pytest.raises(TypeError, match=r"mpijax\.(jpi\.)?" + name + r": root must be a static Python int"):
+        jax.jit(call)(0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_send_recv_barrier(comm, mode):
     xs = all_data((4,), "float64")
@@ -116,6 +125,25 @@ def test_gradient_through_scatter_and_allreduce(comm):
     grad = jax.grad(jax.jit(f))(jnp.ones(2 * SIZE))
     want = np.repeat(np.arange(1.0, SIZE + 1), 2) if RANK == 0 else np.zeros(2 * SIZE)
     assert_equal(grad, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_per_example_gradients_through_gather(comm, mode):
+    """vmap of value_and_grad of allreduce(sum(W * gather(x))): gather's zeros
+    off the root are batched as the root's result is (constant zeros gave
+    MPI_ERR_TRUNCATE with Open MPI and garbage with MPICH; found by a
+    tester). Against NumPy: the value is sum_r W[r] . x_r, the gradient on
+    rank r is W[r] for every example."""
+    weights = np.arange(1.0, 3 * SIZE + 1).reshape(SIZE, 3)
+    xs = all_data((2, 3), "float32")
+
+    def f(x):
+        g, token = jpi.gather(x, jpi.gen_token(), ROOT, comm)
+        return jpi.allreduce(jnp.sum(jnp.asarray(weights, jnp.float32) * g), token, MPI.SUM, comm)[0]
+
+    value, grad = MODES[mode](jax.vmap(jax.value_and_grad(f)))(xs[RANK])
+    assert_equal(value, sum(xs[r] @ weights[r] for r in range(SIZE)).astype(np.float32))
+    assert_equal(grad, np.broadcast_to(weights[RANK], (2, 3)).astype(np.float32))
 
 
 def test_gradient_with_the_token_carried_through_scan(comm):
