@@ -176,6 +176,23 @@ def test_check_mode_catches_a_jacobian_over_ranks_of_different_sizes(comm, check
 
 
 @needs_two
+def test_check_mode_catches_a_primal_batched_on_one_rank_only(comm, check):
+    """The case of docs/autodiff.md rule 2 that cannot work: under vmap of
+    value_and_grad, rank 0's allreduce operand follows x and the others' is a
+    constant. Without check mode Open MPI truncates on one rank and returns
+    wrong values on another, and MPICH returns garbage (found by a tester)."""
+
+    def f(x):
+        return mpijax.allreduce(jnp.sum(x if RANK == 0 else jnp.zeros(3)), MPI.SUM, comm=comm)
+
+    with pytest.raises(MPI_FAILURE, match="check mode: the ranks disagree") as error:
+        jax.block_until_ready(jax.vmap(jax.value_and_grad(f))(jnp.ones((2, 3))))
+    assert re.search(r"rank 0 called allreduce\(SUM\) of float\d+\[2\]", str(error.value))
+    assert re.search(r"ranks? [1-9][0-9, ]* called allreduce\(SUM\) of float\d+\[\]", str(error.value))
+    assert_equal(mpijax.allreduce(jnp.ones(2), MPI.SUM, comm=comm), np.full(2, float(SIZE)))
+
+
+@needs_two
 @pytest.mark.parametrize("checked", [False, True], ids=["plain", "check_mode"])
 @pytest.mark.parametrize("mode", MODES)
 def test_receives_into_larger_buffers_with_and_without_check_mode(comm, checked, mode):
