@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 from mpi4py import MPI
 
+# mpi4jax before 0.8 had experimental.auto_tokenize: token code moved with
+# "from mpijax import tokens as mpi4jax" keeps calling it by that name.
+from . import experimental  # noqa: F401
 from ._src.ops import collectives, point_to_point, reductions
 from ._src.primitive import current_token_p, join_p
 from ._src.runtime import has_cuda_support, has_sycl_support  # next to the token ops before 0.8 too
