@@ -221,9 +221,19 @@ def test_cart_neighbors(periodic, corners, ndim):
     c.Free()
 
 
-def test_cart_neighbors_needs_a_cartesian_communicator(comm):
-    with pytest.raises(TypeError, match="must be a Cartesian communicator"):
-        mpijax.cart_neighbors(comm)
+@pytest.mark.parametrize("name", ["cart_neighbors", "halo_exchange"])
+def test_a_cartesian_communicator_and_a_bool_corners_are_needed(comm, name):
+    """Named after the function called (halo_exchange's error named
+    cart_neighbors), and corners="no" is refused, not taken as true (found
+    by a tester)."""
+    call = getattr(mpijax, name)
+    args = (jnp.zeros((3, 3)),) if name == "halo_exchange" else ()
+    with pytest.raises(TypeError, match=f"mpijax.{name}: comm must be a Cartesian communicator .* got Intracomm"):
+        call(*args, comm)
+    c = cart(True)
+    with pytest.raises(TypeError, match=f"mpijax.{name}: corners must be True or False, got str 'no'"):
+        call(*args, c, corners="no")
+    c.Free()
 
 
 def local_block(glob, c, interior, width, fill):

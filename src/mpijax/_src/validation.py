@@ -24,6 +24,14 @@ def static_int(value, name, op):
         raise TypeError(f"mpijax.{op}: {name} must be an int, got {type(value).__name__} {value!r}") from None
 
 
+def static_bool(value, name, op):
+    """A switch: a bool (or 0/1), never a string, whose truth would be
+    that of any non-empty word ("no" too)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"mpijax.{op}: {name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def rank(value, name, comm, op, *, allow=()):
     """A rank argument: 0 <= value < comm size, or one of the constants in `allow`."""
     value = static_int(value, name, op)

@@ -195,16 +195,21 @@ class Neighbors(NamedTuple):
     dests: tuple
 
 
+def _cartesian(comm, op):
+    if not isinstance(comm, MPI.Cartcomm):
+        raise TypeError(
+            f"mpijax.{op}: comm must be a Cartesian communicator (mpi4py.MPI.Cartcomm, from "
+            f"comm.Create_cart(dims, periods)), got {type(comm).__name__}"
+        )
+
+
 def cart_neighbors(comm, *, corners=True):
     """The neighbours of this rank on `comm`, an mpi4py Cartcomm (from
     Create_cart): the 2 * ndim faces, and with `corners` the edges and
     corners too (3**ndim - 1 in all), in a fixed order that is the same on
     every rank, so that message i is tagged alike on both of its ends."""
-    if not isinstance(comm, MPI.Cartcomm):
-        raise TypeError(
-            "mpijax.cart_neighbors: comm must be a Cartesian communicator (mpi4py.MPI.Cartcomm, from "
-            f"comm.Create_cart(dims, periods)), got {type(comm).__name__}"
-        )
+    _cartesian(comm, "cart_neighbors")
+    corners = validation.static_bool(corners, "corners", "cart_neighbors")
     dims, periods, coords = comm.Get_topo()
 
     def rank_at(offset):
@@ -240,6 +245,8 @@ def halo_exchange(x, comm, *, width=1, corners=True):
     op = "halo_exchange"
     fields, structure = jax.tree.flatten(x)
     fields = [dtypes.array(field, op) for field in fields]
+    _cartesian(comm, op)
+    corners = validation.static_bool(corners, "corners", op)
     width = validation.static_int(width, "width", op)
     if width < 1:
         raise ValueError(f"mpijax.{op}: width must be at least 1 (ghost cells per side), got {width}")
