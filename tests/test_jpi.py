@@ -65,6 +65,14 @@ def test_collectives(comm, mode, name):
     assert is_token(token)
 
 
+@pytest.mark.parametrize("dtype", ["bool", "int8", "bfloat16"])
+def test_gather_keeps_the_dtype_off_the_root(comm, dtype):
+    """Zeros off the root of x's dtype (a bool gather once gave int32 there)."""
+    xs = all_data((2,), dtype)
+    result, _ = jax.jit(lambda x, t: jpi.gather(x, t, ROOT, comm))(xs[RANK], jpi.gen_token())
+    assert_equal(result, np.stack(xs) if RANK == ROOT else np.zeros((SIZE, 2), xs[0].dtype))
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("block", [1, 2])
 def test_scatter_splits_the_leading_axis(comm, mode, block):

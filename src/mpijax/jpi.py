@@ -40,7 +40,7 @@ def gather(x, token, root, comm=None):
         # Zeros that follow x (the result here) through vmap, as the root's
         # result does: constant zeros made vmap(grad) of later calls
         # disagree between ranks (autodiff.md, rule 2; found by a tester).
-        result = jnp.where(False, jnp.broadcast_to(result, (info.size, *result.shape)), 0)
+        result = jnp.where(False, jnp.broadcast_to(result, (info.size, *result.shape)), jnp.zeros((), result.dtype))
     return result, token
 
 
