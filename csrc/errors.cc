@@ -133,8 +133,9 @@ ffi::Error Failure(const CallInfo& call, const Comm& comm, int code) {
   const std::string about = PointToPoint(call) ? " (" + Messages(call) + ")" : "";
   if (code == mpi::kWrongSize) {
     return ffi::Error::Internal(failed + "a message shorter than its receive" + about +
-                                "; each message must fill its receive exactly (the same number "
-                                "of elements, of the same dtype)");
+                                "; each message must fill its receive exactly, byte for byte "
+                                "(the same number of elements of the same dtype, or of a dtype "
+                                "of the same width, whose bits are taken as they are)");
   }
   if (code == mpi::kPartElement) {
     const char* dtype = call.recv_dtype ? call.recv_dtype : call.dtype;
